@@ -1,0 +1,37 @@
+"""The ``reap-swap`` command: one subcommand per pipeline stage.
+
+Each subcommand lives in its own module as ``main(argv) -> int`` and is
+imported only when run, so ``reap-swap --help`` and the light commands start
+fast and work without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tiny-model": ("reap_swap.models.tiny_cli:main", "build a deterministic tiny Qwen3-MoE test model"),
+    "serve": ("reap_swap.server_ext.launcher:main", "serve a model with vLLM + expert-granular residency"),
+    "bench-swap": ("reap_swap.server_ext.bench:main", "benchmark swaps and decode speed on a served model"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: reap-swap COMMAND [ARGS]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<14} {text}")
+        print("\nRun reap-swap COMMAND --help for a command's options.")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"reap-swap: error: unknown command {name!r} (see reap-swap --help)", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Where the files that ship with the package live (editable or installed)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+
+def example_dir() -> Path:
+    return Path(str(resources.files("reap_swap.example")))
+
+
+def example_corpus_files() -> list[Path]:
+    """The example calibration corpus (train + test split), sorted."""
+    files = sorted((example_dir() / "corpus").glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no example corpus under {example_dir() / 'corpus'}")
+    return files

@@ -1,0 +1,143 @@
+"""Residency settings, read from the environment in every vLLM process.
+
+``reap-swap serve`` turns its flags into these variables before vLLM starts,
+so spawned workers (which build the model) and the API server (which runs the
+control plane) see the same configuration. The seed's names are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Mapping
+
+from reap_swap.plan import Plan, layer_index, load_plan
+
+ENV_PLAN = "REAP_PLAN_FILE"
+ENV_SLOTS = "REAP_RESIDENT_EXPERTS_PER_LAYER"
+ENV_START = "REAP_START_RESIDENT"
+ENV_PREFIXES = "REAP_START_RESIDENT_PREFIXES"
+ENV_TOKEN = "REAP_CONTROL_TOKEN"
+ENV_CARTRIDGES = "REAP_MAX_LOADED_CARTRIDGES"
+ENV_CARTRIDGE_DIR = "REAP_CARTRIDGE_DIR"
+ENV_VALIDATE_ONLY = "REAP_SWAP_VALIDATE_ONLY"
+ENV_LEDGER = "REAP_MISS_LEDGER_SIZE"
+ENV_MAX_BODY = "REAP_MAX_BODY_BYTES"
+
+
+class ResidencyConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResidencyConfig:
+    plan_path: str | None
+    slots_override: int | None
+    start: str  # "core", "none", or a JSON active set
+    start_prefixes: tuple[str, ...]
+    control_token: str | None
+    max_loaded_cartridges: int
+    cartridge_dir: str | None
+    validate_only: bool
+    ledger_size: int
+    max_body_bytes: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.plan_path is not None or self.slots_override is not None
+
+    def plan(self) -> Plan | None:
+        return _cached_plan(self.plan_path) if self.plan_path else None
+
+    def slots_for(self, layer: int, num_experts: int) -> int:
+        """Slot-bank size of a layer: the override, else the plan's core + specialist capacity."""
+        if self.slots_override is not None:
+            return min(self.slots_override, num_experts)
+        plan = self.plan()
+        if plan is None or layer not in plan.layers:
+            return 0
+        return min(plan.layers[layer].resident_capacity, num_experts)
+
+    def start_resident(self, layer: int, num_experts: int, slots: int) -> tuple[int, ...]:
+        """Experts resident at start-up: prefixes, an explicit set, the plan's core, or none."""
+        if self.start_prefixes:
+            chosen = [e for e in range(num_experts) if _prefix_selects(self.start_prefixes, layer, e)]
+        elif self.start == "none":
+            chosen = []
+        elif self.start == "core":
+            plan = self.plan()
+            chosen = list(plan.layers[layer].core) if plan and layer in plan.layers else []
+        else:
+            chosen = list(_explicit_start(self.start).get(layer, []))
+        bad = [e for e in chosen if not 0 <= e < num_experts]
+        if bad:
+            raise ResidencyConfigError(f"start-up residents of layer {layer} out of range: {bad}")
+        if len(chosen) > slots:
+            raise ResidencyConfigError(
+                f"layer {layer}: {len(chosen)} start-up residents exceed its slot bank of {slots}"
+            )
+        return tuple(sorted(set(chosen)))
+
+
+def _prefix_selects(prefixes: tuple[str, ...], layer: int, expert: int) -> bool:
+    """Seed semantics: a parameter-name prefix makes every expert under it resident.
+
+    ``model.layers.3`` selects all of layer 3, ``model.layers.3.mlp.experts.7``
+    just expert 7; prefixes end at name components (``layers.3`` is not ``layers.30``).
+    """
+    name = f"model.layers.{layer}.mlp.experts.{expert}."
+    return any(name.startswith(p if p.endswith(".") else p + ".") for p in prefixes)
+
+
+@lru_cache(maxsize=4)
+def _explicit_start(text: str) -> Mapping[int, tuple[int, ...]]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResidencyConfigError(f"{ENV_START} must be 'core', 'none' or a JSON active set: {exc}") from None
+    if not isinstance(data, dict):
+        raise ResidencyConfigError(f"{ENV_START} JSON must be an object of layer -> expert ids")
+    out: dict[int, tuple[int, ...]] = {}
+    for key, ids in data.items():
+        idx = layer_index(str(key))
+        if idx is None or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise ResidencyConfigError(f"{ENV_START}: bad entry {key!r}")
+        out[idx] = tuple(ids)
+    return out
+
+
+@lru_cache(maxsize=4)
+def _cached_plan(path: str) -> Plan:
+    return load_plan(path)
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ResidencyConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ResidencyConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
+    env = os.environ if env is None else env
+    prefixes = tuple(p.strip() for p in env.get(ENV_PREFIXES, "").split(",") if p.strip())
+    return ResidencyConfig(
+        plan_path=env.get(ENV_PLAN) or None,
+        slots_override=_int_env(env, ENV_SLOTS, None),
+        start=env.get(ENV_START, "core").strip() or "core",
+        start_prefixes=prefixes,
+        control_token=env.get(ENV_TOKEN) or None,
+        max_loaded_cartridges=_int_env(env, ENV_CARTRIDGES, 4, 1) or 4,
+        cartridge_dir=env.get(ENV_CARTRIDGE_DIR) or None,
+        validate_only=env.get(ENV_VALIDATE_ONLY, "0") == "1",
+        ledger_size=_int_env(env, ENV_LEDGER, 1024, 1) or 1024,
+        max_body_bytes=_int_env(env, ENV_MAX_BODY, 1 << 20, 1024) or (1 << 20),
+    )

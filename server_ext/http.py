@@ -1,0 +1,172 @@
+"""HTTP control plane: a pure ASGI middleware vLLM loads with ``--middleware``.
+
+Requests to the residency paths are answered here; everything else passes
+to vLLM's app untouched (streaming included). On ASGI lifespan start-up,
+after vLLM's own start-up completed, it installs residency in the workers
+and checks the plan against the model; a failure aborts the server start
+with the reason, rather than serving with a plan that does not fit.
+
+Paths (seed-compatible): ``POST /swap_active_set``, ``POST /warm_active_set``,
+``GET /router_misses/{request_id}?reset=true``, ``GET /forensics/{request_id}``,
+``POST /swap_cartridge/{cartridge_id}``, ``POST /reset_router_stats`` and
+``GET /reap/status``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import config as reap_config
+from .control_plane import ControlPlane
+from .errors import HTTPError, error_body
+
+logger = logging.getLogger("reap_swap.server_ext")
+TOKEN_HEADER = "x-reap-control-token"
+
+
+async def read_json_body(request: Request, limit: int) -> Any:
+    """The body as JSON, refusing oversize (413), non-JSON (400) or empty bodies."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"request body exceeds {limit} bytes", "body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, f"request body exceeds {limit} bytes", "body_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HTTPError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return JSONResponse(data, status_code=status)
+
+
+class ReapControlMiddleware:
+    """ASGI middleware: residency routes here, the rest to vLLM."""
+
+    def __init__(self, app: ASGIApp, cfg: reap_config.ResidencyConfig | None = None):
+        self.app = app
+        self.cfg = cfg or reap_config.from_env()
+        self.plane: ControlPlane | None = None
+        self.router = Router(
+            routes=[
+                Route("/swap_active_set", self._endpoint(self.swap_active_set), methods=["POST"]),
+                Route("/warm_active_set", self._endpoint(self.warm_active_set), methods=["POST"]),
+                Route("/router_misses/{request_id:path}", self._endpoint(self.router_misses), methods=["GET"]),
+                Route("/forensics/{request_id:path}", self._endpoint(self.forensics), methods=["GET"]),
+                Route("/swap_cartridge/{cartridge_id}", self._endpoint(self.swap_cartridge), methods=["POST"]),
+                Route("/reset_router_stats", self._endpoint(self.reset_router_stats), methods=["POST"]),
+                Route("/reap/status", self._endpoint(self.status), methods=["GET"]),
+            ]
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._lifespan_send(scope, send))
+            return
+        if scope["type"] == "http":
+            matches = {r.matches(scope)[0] for r in self.router.routes}
+            if Match.FULL in matches:
+                await self.router(scope, receive, send)
+                return
+            if Match.PARTIAL in matches:  # our path, wrong method: answer in OpenAI style
+                body = error_body(405, f"method {scope['method']} not allowed on {scope['path']}", "method_not_allowed")
+                await _json(body, 405)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _lifespan_send(self, scope: Scope, send: Send) -> Send:
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete" and self.plane is None:
+                try:
+                    await self._start(scope)
+                except Exception as exc:  # noqa: BLE001 - the reason goes to the operator
+                    logger.error("reap-swap: residency start-up failed: %s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": f"reap-swap: {exc}"})
+                    return
+            await send(message)
+
+        return wrapped
+
+    async def _start(self, scope: Scope) -> None:
+        engine = scope["app"].state.engine_client
+
+        async def rpc(method: str, *args: Any) -> list[Any]:
+            return await engine.collective_rpc(method, args=args)
+
+        plane = ControlPlane(self.cfg, rpc)
+        await plane.start()
+        self.plane = plane
+        logger.info("reap-swap: control plane ready (plan %s)", plane.plan.sha256[:12] if plane.plan else "-")
+
+    def _endpoint(self, handler: Callable[[Request, ControlPlane], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                self._check_token(request)
+                if self.plane is None:
+                    raise HTTPError(503, "residency control plane is not ready", "not_ready")
+                result = await handler(request, self.plane)
+                return result if isinstance(result, Response) else _json(result)
+            except HTTPError as exc:
+                return _json(exc.body(), exc.status)
+            except Exception as exc:  # noqa: BLE001 - never leak a traceback as HTML
+                logger.exception("reap-swap control request failed")
+                return _json(error_body(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"), 500)
+
+        return endpoint
+
+    def _check_token(self, request: Request) -> None:
+        token = self.cfg.control_token
+        if not token:
+            return
+        given = request.headers.get(TOKEN_HEADER, "")
+        if not given:
+            raise HTTPError(401, f"control endpoints need the {TOKEN_HEADER} header", "missing_control_token")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise HTTPError(403, "control token does not match", "invalid_control_token")
+
+    async def _body(self, request: Request) -> Any:
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if ctype not in ("application/json", ""):
+            raise HTTPError(415, f"content-type must be application/json, got {ctype!r}", "unsupported_media_type")
+        return await read_json_body(request, self.cfg.max_body_bytes)
+
+    async def swap_active_set(self, request: Request, plane: ControlPlane) -> Any:
+        return await plane.swap(await self._body(request))
+
+    async def warm_active_set(self, request: Request, plane: ControlPlane) -> Any:
+        return await plane.swap(await self._body(request), warm=True)
+
+    async def router_misses(self, request: Request, plane: ControlPlane) -> Any:
+        reset = request.query_params.get("reset", "false").lower()
+        if reset not in ("true", "false", "1", "0"):
+            raise HTTPError(400, "'reset' must be true or false", "invalid_value", "reset")
+        return await plane.router_misses(request.path_params["request_id"], reset in ("true", "1"))
+
+    async def forensics(self, request: Request, plane: ControlPlane) -> Any:
+        return plane.forensics(request.path_params["request_id"])
+
+    async def swap_cartridge(self, request: Request, plane: ControlPlane) -> Any:
+        return await plane.swap_cartridge(request.path_params["cartridge_id"], await self._body(request))
+
+    async def reset_router_stats(self, request: Request, plane: ControlPlane) -> Any:
+        return {"status": "ok", "requests_cleared": await plane.reset_router_stats()}
+
+    async def status(self, request: Request, plane: ControlPlane) -> Any:
+        return plane.status()

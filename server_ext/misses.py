@@ -1,0 +1,178 @@
+"""Router-miss ledger: gate mass that went to non-resident experts, per request.
+
+Fed once per forward step with sums the worker computed from the real
+routing (``capture.py``); read by ``/router_misses/{id}``. Pure numpy, so the
+arithmetic and the request-id matching are tested without vLLM.
+
+Request ids: a client's ``X-Request-Id: abc`` becomes ``cmpl-abc-0-1a2b3c4d``
+(completions: prefix, prompt index, engine suffix) or ``chatcmpl-abc-1a2b3c4d``
+inside vLLM. ``engine_ids_for`` maps the client's id back to those.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+ALL_REQUESTS = "__all__"
+_ENGINE_PREFIXES = ("cmpl-", "chatcmpl-", "resp-", "generate-tokens-")
+_SUFFIX = re.compile(r"(?:-\d+)?(?:-[0-9a-f]{8})?$")
+
+
+def client_request_id(engine_id: str) -> str:
+    """Best-effort inverse of vLLM's request-id decoration (prefix, index, suffix)."""
+    core = engine_id
+    for prefix in _ENGINE_PREFIXES:
+        if core.startswith(prefix):
+            core = core[len(prefix) :]
+            break
+    return _SUFFIX.sub("", core, count=1) or engine_id
+
+
+def engine_id_matches(engine_id: str, client_id: str) -> bool:
+    if engine_id == client_id:
+        return True
+    for prefix in ("", *_ENGINE_PREFIXES):
+        if engine_id.startswith(prefix + client_id):
+            rest = engine_id[len(prefix + client_id) :]
+            if rest == "" or re.fullmatch(r"(?:-\d+)?(?:-[0-9a-f]{8})?", rest):
+                return True
+    return False
+
+
+@dataclass
+class RequestMisses:
+    """Accumulated routing of one engine request (all its forward steps)."""
+
+    observed: np.ndarray  # [L] summed routed gate mass
+    inactive: np.ndarray  # [L] part of it on non-resident experts
+    hits: np.ndarray  # [L, E] routed (token, k) pairs per expert
+    miss_hits: np.ndarray  # [L, E] of those, pairs that found the expert non-resident
+    tokens: int = 0
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, layers: int, experts: int) -> "RequestMisses":
+        return cls(
+            np.zeros(layers), np.zeros(layers), np.zeros((layers, experts), np.int64), np.zeros((layers, experts), np.int64)
+        )
+
+    def add(self, other: "RequestMisses") -> None:
+        self.observed += other.observed
+        self.inactive += other.inactive
+        self.hits += other.hits
+        self.miss_hits += other.miss_hits
+        self.tokens += other.tokens
+        self.steps += other.steps
+
+
+class MissLedger:
+    """Bounded per-request accumulator plus an all-requests total."""
+
+    def __init__(self, layer_ids: list[int], num_experts: int, max_requests: int = 1024):
+        self.layer_ids = list(layer_ids)
+        self.num_experts = num_experts
+        self.max_requests = max_requests
+        self._requests: OrderedDict[str, RequestMisses] = OrderedDict()
+        self._total = RequestMisses.zeros(len(layer_ids), num_experts)
+        self.evicted = 0
+
+    def record_step(
+        self,
+        request_ids: list[str],
+        tokens: np.ndarray,
+        observed: np.ndarray,
+        inactive: np.ndarray,
+        hits: np.ndarray,
+        miss_hits: np.ndarray,
+    ) -> None:
+        """One forward step: arrays are [R], [L, R], [L, R], [L, R, E], [L, R, E]."""
+        for r, rid in enumerate(request_ids):
+            step = RequestMisses(
+                observed[:, r].astype(np.float64),
+                inactive[:, r].astype(np.float64),
+                hits[:, r].astype(np.int64),
+                miss_hits[:, r].astype(np.int64),
+                int(tokens[r]),
+                1,
+            )
+            entry = self._requests.get(rid)
+            if entry is None:
+                entry = RequestMisses.zeros(len(self.layer_ids), self.num_experts)
+                self._requests[rid] = entry
+            else:
+                self._requests.move_to_end(rid)
+            entry.add(step)
+            self._total.add(step)
+        while len(self._requests) > self.max_requests:
+            self._requests.popitem(last=False)
+            self.evicted += 1
+
+    def engine_ids_for(self, client_id: str) -> list[str]:
+        if client_id == ALL_REQUESTS:
+            return list(self._requests)
+        return [rid for rid in self._requests if engine_id_matches(rid, client_id)]
+
+    def collect(self, client_id: str) -> RequestMisses | None:
+        if client_id == ALL_REQUESTS:
+            return self._total
+        ids = self.engine_ids_for(client_id)
+        if not ids:
+            return None
+        acc = RequestMisses.zeros(len(self.layer_ids), self.num_experts)
+        for rid in ids:
+            acc.add(self._requests[rid])
+        return acc
+
+    def reset(self, client_id: str) -> int:
+        if client_id == ALL_REQUESTS:
+            n = len(self._requests)
+            self._requests.clear()
+            self._total = RequestMisses.zeros(len(self.layer_ids), self.num_experts)
+            return n
+        ids = self.engine_ids_for(client_id)
+        for rid in ids:
+            del self._requests[rid]
+        return len(ids)
+
+    def report(self, client_id: str) -> dict[str, Any] | None:
+        acc = self.collect(client_id)
+        if acc is None:
+            return None
+        return summarize(self.layer_ids, acc, self.engine_ids_for(client_id) if client_id != ALL_REQUESTS else [])
+
+
+def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str]) -> dict[str, Any]:
+    """The seed's ``by_layer`` / ``summary`` shape, plus expert-level counts."""
+    by_layer: dict[str, Any] = {}
+    for i, layer in enumerate(layer_ids):
+        obs, ina = float(acc.observed[i]), float(acc.inactive[i])
+        missed = np.nonzero(acc.miss_hits[i])[0]
+        by_layer[f"layer_{layer}"] = {
+            "observed_mass": obs,
+            "inactive_mass": ina,
+            "inactive_ratio": ina / obs if obs > 0 else 0.0,
+            "inactive_experts": [int(e) for e in missed],
+            "routed_pairs": int(acc.hits[i].sum()),
+            "missed_pairs": int(acc.miss_hits[i].sum()),
+        }
+    obs_total, ina_total = float(acc.observed.sum()), float(acc.inactive.sum())
+    return {
+        "by_layer": by_layer,
+        "summary": {
+            "observed_mass_total": obs_total,
+            "inactive_mass_total": ina_total,
+            "inactive_ratio": ina_total / obs_total if obs_total > 0 else 0.0,
+            "inactive_expert_total": int(sum(len(v["inactive_experts"]) for v in by_layer.values())),
+            "routed_pairs": int(acc.hits.sum()),
+            "missed_pairs": int(acc.miss_hits.sum()),
+            "pair_miss_ratio": float(acc.miss_hits.sum() / acc.hits.sum()) if acc.hits.sum() else 0.0,
+            "tokens": int(acc.tokens),
+            "steps": int(acc.steps),
+        },
+        "engine_request_ids": engine_ids,
+    }
