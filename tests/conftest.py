@@ -1,0 +1,59 @@
+"""Shared fixtures: the seed's real plan, a tiny model, a plan for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SEED_PLAN = REPO.parent / "shared" / "fixtures" / "strict30-v2-plan.json"
+
+
+@pytest.fixture(scope="session")
+def seed_plan_path() -> Path:
+    if not SEED_PLAN.is_file():
+        pytest.skip(f"seed plan fixture not found at {SEED_PLAN}")
+    return SEED_PLAN
+
+
+def tiny_plan_dict(layers: int = 4, experts: int = 16, core: int = 4, slice_size: int = 4, specialist: int = 4) -> dict[str, Any]:
+    """A hand-made plan for the tiny model: core 0..core-1, consecutive slices."""
+    per_layer = {}
+    for i in range(layers):
+        rest = list(range(core, experts))
+        per_layer[f"layer_{i}"] = {
+            "numExperts": experts,
+            "coreExperts": list(range(core)),
+            "sliceCatalog": [
+                {"sliceId": f"layer_{i}_slice_{j // slice_size:02d}", "experts": rest[j : j + slice_size], "activationMass": 1.0}
+                for j in range(0, len(rest), slice_size)
+            ],
+            "specialistActiveExpertTarget": specialist,
+        }
+    return {
+        "mode": "dynamic_core_specialist",
+        "model": "tiny",
+        "budget": {"per_expert_bytes": 98304, "max_refreshes_per_request": 1, "specialist_experts_per_layer_target": specialist},
+        "perLayer": per_layer,
+        "summary": {},
+        "scorerArtifacts": {},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from reap_swap.models.tiny import TinySpec, build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_model(out, TinySpec())
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    path.write_text(json.dumps(tiny_plan_dict()))
+    return path
