@@ -14,6 +14,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("reap_swap.models.tiny_cli:main", "build a deterministic tiny Qwen3-MoE test model"),
     "serve": ("reap_swap.server_ext.launcher:main", "serve a model with vLLM + expert-granular residency"),
     "bench-swap": ("reap_swap.server_ext.bench:main", "benchmark swaps and decode speed on a served model"),
+    "observe": ("reap_swap.planning.observe:main", "REAP observation of a model over a calibration corpus"),
+    "plan": ("reap_swap.planning.planner:main", "write a plan (core + co-activation slices) under a VRAM budget"),
+    "plan-report": ("reap_swap.planning.report:main", "figures and a summary of a plan"),
 }
 
 
