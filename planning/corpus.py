@@ -30,6 +30,8 @@ class Sample:
     tags: tuple[str, ...]
     prompt: str
     """The text a proxy sees before the model answers: the last user turn with bounded context."""
+    file: str = ""
+    """Stem of the corpus file it came from (``train``/``test`` splits are told apart by it)."""
 
 
 @dataclass
@@ -162,7 +164,7 @@ def _sample(row: Any, path: Path, lineno: int, render: Callable[[list[dict[str, 
     if not isinstance(sid, str) or not sid:
         sid = f"{path.stem}:{lineno}:" + hashlib.sha1(text.encode()).hexdigest()[:10]
     source = row.get("source") if isinstance(row.get("source"), str) else path.stem
-    return Sample(sample_id=sid, text=text, source=source, tags=_tags(row), prompt=prompt)
+    return Sample(sample_id=sid, text=text, source=source, tags=_tags(row), prompt=prompt, file=path.stem)
 
 
 def corpus_sha256(samples: list[Sample]) -> str:

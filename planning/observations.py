@@ -4,7 +4,7 @@ An observation directory holds::
 
     manifest.json     model id + config sha256, corpus sha256, token counts,
                       chunk list, parameters, and its own content hash
-    samples.jsonl     one line per sample: id, source, tags, tokens, prompt, chunk
+    samples.jsonl     one line per sample: id, source, tags, tokens, prompt, file, chunk
     chunk-NNNN.npz    per chunk: sample_mass [n, L, E] float32 (summed gate weight),
                       sample_freq [n, L, E] int32 (routed tokens), sample_saliency
                       [n, L, E] float32 (summed gate x ||expert output||), and
@@ -46,6 +46,7 @@ class Observations:
     sources: list[str]
     tags: list[tuple[str, ...]]
     prompts: list[str]
+    files: list[str]
     sample_tokens: np.ndarray  # [N]
     sample_mass: np.ndarray  # [N, L, E] float32
     sample_freq: np.ndarray  # [N, L, E] int32
@@ -92,6 +93,7 @@ class Observations:
             sources=[self.sources[i] for i in idx],
             tags=[self.tags[i] for i in idx],
             prompts=[self.prompts[i] for i in idx],
+            files=[self.files[i] for i in idx],
             sample_tokens=self.sample_tokens[idx],
             sample_mass=self.sample_mass[idx],
             sample_freq=self.sample_freq[idx],
@@ -166,6 +168,7 @@ def load_observations(obs_dir: str | Path) -> Observations:
         sources=[rows[i]["source"] for i in order],
         tags=[tuple(rows[i]["tags"]) for i in order],
         prompts=[rows[i].get("prompt", "") for i in order],
+        files=[rows[i].get("file", "") for i in order],
         sample_tokens=np.array([rows[i]["tokens"] for i in order], dtype=np.int64),
         sample_mass=gather("sample_mass"),
         sample_freq=gather("sample_freq"),

@@ -193,7 +193,7 @@ def _observe_chunk(
     np.savez_compressed(out_dir / name, sample_mass=mass, sample_freq=freq, sample_saliency=sal, coact=coact)
     with open(out_dir / SAMPLES, "a") as fh:
         for s, ids in zip(todo, encoded):
-            row = {"id": s.sample_id, "source": s.source, "tags": list(s.tags), "tokens": len(ids), "prompt": s.prompt, "chunk": name}
+            row = {"id": s.sample_id, "source": s.source, "tags": list(s.tags), "tokens": len(ids), "prompt": s.prompt, "file": s.file, "chunk": name}
             fh.write(json.dumps(row) + "\n")
     tokens = int(sum(len(x) for x in encoded))
     return {"file": name, "samples": n, "tokens": tokens, "sha256": file_sha256(out_dir / name),

@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "observe": ("reap_swap.planning.observe:main", "REAP observation of a model over a calibration corpus"),
     "plan": ("reap_swap.planning.planner:main", "write a plan (core + co-activation slices) under a VRAM budget"),
     "plan-report": ("reap_swap.planning.report:main", "figures and a summary of a plan"),
+    "train": ("reap_swap.classifier.train:main_train", "train the prompt -> specialist slices classifier"),
+    "evaluate": ("reap_swap.classifier.train:main_evaluate", "coverage of the classifier vs static, LFU and oracle"),
 }
 
 

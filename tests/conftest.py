@@ -57,3 +57,14 @@ def tiny_plan_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "plan.json"
     path.write_text(json.dumps(tiny_plan_dict()))
     return path
+
+
+@pytest.fixture(scope="session")
+def example_obs_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole example corpus (train + test split) observed on the tiny model."""
+    from reap_swap.paths import example_corpus_files
+    from reap_swap.planning.observe import observe
+
+    out = tmp_path_factory.mktemp("example-obs")
+    observe(tiny_model_dir, example_corpus_files(), out, max_tokens=256, batch_size=16, progress=False)
+    return out

@@ -1,0 +1,135 @@
+"""The prompt -> slices classifier: estimator contract, coverage, persistence, refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from reap_swap.classifier.model import ClassifierError, SliceClassifier
+from reap_swap.classifier.scorer import SliceScorer
+from reap_swap.classifier.train import run_evaluation, train
+from reap_swap.models.families import layout_for
+from reap_swap.plan import load_plan, parse_plan
+from reap_swap.planning.budget import make_budget
+from reap_swap.planning.observations import load_observations
+from reap_swap.planning.planner import PlanParams, build_plan
+
+
+def _not_applicable(estimator: SliceScorer) -> dict[str, str]:
+    # predict_proba on a regressor is deliberate (a distribution over each layer's slices); these
+    # checks assume any estimator with predict_proba is a classifier. Sparse input is tested below.
+    reason = "predict_proba gives per-layer slice distributions; sklearn treats it as a classifier API"
+    return {
+        "check_regressors_no_decision_function": reason,
+        "check_estimator_sparse_array": reason,
+        "check_estimator_sparse_matrix": reason,
+    }
+
+
+@parametrize_with_checks(
+    [SliceScorer(method="ridge"), SliceScorer(method="knn", n_neighbors=3), SliceScorer(method="mlp", max_iter=200)],
+    expected_failed_checks=_not_applicable,
+)
+def test_sklearn_estimator_checks(estimator, check) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        check(estimator)
+
+
+@pytest.mark.parametrize("method", ["ridge", "knn", "mlp"])
+def test_sparse_input_matches_dense(method: str) -> None:
+    from scipy.sparse import csr_matrix
+
+    rng = np.random.default_rng(1)
+    X, Y = rng.normal(size=(30, 6)), rng.random((30, 3))
+    dense = SliceScorer(method=method, max_iter=100).fit(X, Y).predict(X)
+    sparse = SliceScorer(method=method, max_iter=100).fit(csr_matrix(X), Y).predict(csr_matrix(X))
+    np.testing.assert_allclose(dense, sparse, rtol=1e-6, atol=1e-6)
+
+
+def test_predict_proba_is_a_distribution_per_group() -> None:
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(40, 5)), rng.random((40, 6))
+    m = SliceScorer(output_groups=(2, 4)).fit(X, Y)
+    p = m.predict_proba(X)
+    assert np.allclose(p[:, :2].sum(1), 1) and np.allclose(p[:, 2:].sum(1), 1) and (p >= 0).all()
+    assert clone(m).get_params() == m.get_params()
+    with pytest.raises(ValueError, match="output_groups"):
+        SliceScorer(output_groups=(3,)).fit(X, Y)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_dir: Path, example_obs_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    layout = layout_for(tiny_model_dir)
+    plan = build_plan(load_observations(example_obs_dir), layout, make_budget(layout, ratio=0.6), PlanParams(core_fraction=0.5), str(tiny_model_dir))
+    d = tmp_path_factory.mktemp("clf")
+    plan_path = d / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    train(example_obs_dir, plan_path, d / "clf", "test", None, None)
+    return plan_path, d / "clf"
+
+
+def test_classifier_beats_static_and_lfu_on_held_out(example_obs_dir: Path, trained: tuple[Path, Path]) -> None:
+    plan_path, clf_dir = trained
+    res = run_evaluation(example_obs_dir, plan_path, clf_dir, "test", latency_prompts=5)
+    st = res["strategies"]
+    assert res["samples"] == 120
+    assert st["classifier"]["mean"] > st["static"]["mean"]
+    assert st["classifier"]["mean"] > st["lfu"]["mean"]
+    assert st["oracle"]["mean"] >= st["classifier"]["mean"] >= st["core"]["mean"]
+    assert 0 < res["gap_closed"] <= 1
+    meta = json.loads((clf_dir / "classifier.json").read_text())
+    assert meta["model_selection"]["runner_up"] is not None and len(meta["model_selection"]["table"]) >= 6
+
+
+def test_save_load_gives_identical_predictions(example_obs_dir: Path, trained: tuple[Path, Path]) -> None:
+    plan_path, clf_dir = trained
+    plan = load_plan(plan_path)
+    a = SliceClassifier.load(clf_dir, plan)
+    b = SliceClassifier.load(clf_dir, plan, embedder=a.features.embedder)
+    texts = load_observations(example_obs_dir).prompts[:8]
+    np.testing.assert_array_equal(a.score_texts(texts), b.score_texts(texts))
+    sel = a.select("kubectl rollout restart deployment/api -n prod and check the pods")
+    for layer, experts in sel.active.items():
+        lp = plan.layers[layer]
+        assert set(lp.core) <= set(experts) and len(experts) <= lp.resident_capacity
+    assert sel.slices and sel.embed_ms > 0
+
+
+def test_refuses_another_plan_or_tampered_files(tmp_path: Path, trained: tuple[Path, Path]) -> None:
+    import shutil
+
+    plan_path, clf_dir = trained
+    other = json.loads(plan_path.read_text())
+    other["budget"]["max_refreshes_per_request"] = 3
+    with pytest.raises(ClassifierError, match="trained for plan"):
+        SliceClassifier.load(clf_dir, parse_plan(other, "other"))
+    bad = tmp_path / "clf"
+    shutil.copytree(clf_dir, bad)
+    (bad / "tokenizer.json").write_text("{}")
+    with pytest.raises(ClassifierError, match="tokenizer"):
+        SliceClassifier.load(bad, load_plan(plan_path))
+    with pytest.raises(ClassifierError, match="no classifier.json"):
+        SliceClassifier.load(tmp_path / "nothing", load_plan(plan_path))
+
+
+def test_bad_inputs(trained: tuple[Path, Path], example_obs_dir: Path, tmp_path: Path) -> None:
+    plan_path, clf_dir = trained
+    clf = SliceClassifier.load(clf_dir, load_plan(plan_path))
+    with pytest.raises(ClassifierError, match="empty"):
+        clf.select("   ")
+    with pytest.raises(ClassifierError):
+        clf.score_texts([])
+    cli = [sys.executable, "-m", "reap_swap.cli"]
+    r = subprocess.run(cli + ["evaluate", "--observations", str(example_obs_dir), "--plan", str(tmp_path / "nope.json"),
+                              "--classifier", str(clf_dir)], capture_output=True, text=True)
+    assert r.returncode == 2 and "cannot read" in r.stderr
