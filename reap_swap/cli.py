@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan-report": ("reap_swap.planning.report:main", "figures and a summary of a plan"),
     "train": ("reap_swap.classifier.train:main_train", "train the prompt -> specialist slices classifier"),
     "evaluate": ("reap_swap.classifier.train:main_evaluate", "coverage of the classifier vs static, LFU and oracle"),
+    "proxy": ("reap_swap.proxy.cli:main", "OpenAI-compatible routing proxy in front of reap-swap serve"),
 }
 
 

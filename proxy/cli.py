@@ -1,0 +1,49 @@
+"""``reap-swap proxy``: run the OpenAI-compatible routing proxy with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from reap_swap.plan import PlanError, load_plan
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reap-swap proxy", description="OpenAI-compatible proxy: classify -> swap -> forward -> misses.")
+    p.add_argument("--backend", required=True, help="URL of the reap-swap serve backend, e.g. http://127.0.0.1:8000")
+    p.add_argument("--plan", type=Path, required=True)
+    p.add_argument("--classifier", type=Path, help="trained classifier dir (reap-swap train); without it, static slices")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--control-token", default=os.environ.get("REAP_CONTROL_TOKEN"), help="token for the backend's control endpoints")
+    p.add_argument("--proxy-key", default=os.environ.get("REAP_PROXY_KEY"), help="require this key in X-Reap-Proxy-Key")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    p.add_argument("--backend-timeout", type=float, default=600.0, help="seconds to wait for the backend")
+    p.add_argument("--swap-wait", type=float, default=2.0, help="seconds a request waits for its residency install")
+    p.add_argument("--hysteresis", type=float, default=0.05, help="keep the resident set if it captures >= 1-h of the target's score")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        load_plan(a.plan)
+    except PlanError as exc:
+        print(f"reap-swap proxy: error: {exc}", file=sys.stderr)
+        return 2
+    if a.classifier is not None and not (a.classifier / "classifier.json").is_file():
+        print(f"reap-swap proxy: error: {a.classifier} holds no classifier.json (train one with reap-swap train)", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .app import ProxyConfig, ReapProxy
+
+    cfg = ProxyConfig(
+        backend=a.backend, plan=a.plan, classifier=a.classifier, control_token=a.control_token, proxy_key=a.proxy_key,
+        max_body_bytes=a.max_body_bytes, backend_timeout_s=a.backend_timeout, swap_wait_s=a.swap_wait, hysteresis=a.hysteresis,
+    )
+    uvicorn.run(ReapProxy(cfg).app, host=a.host, port=a.port, log_level=a.log_level, lifespan="on")
+    return 0
