@@ -54,6 +54,7 @@ class ProxyConfig:
     backend_timeout_s: float = 600.0
     swap_wait_s: float = 2.0
     hysteresis: float = 0.05
+    policy: str = "union"
 
 
 def _error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
@@ -93,7 +94,7 @@ class ReapProxy:
             self.classifier = await asyncio.to_thread(SliceClassifier.load, self.cfg.classifier, self.plan)
             prior = {layer: self.classifier.expert_prior[i] for i, layer in enumerate(self.classifier.layout.layer_ids)}
             await asyncio.to_thread(self.classifier.select, "warm up the embedder")
-        self.coordinator = ResidencyCoordinator(self.backend, ResidencyPolicy(self.plan, self.cfg.hysteresis), prior, self.cfg.swap_wait_s)
+        self.coordinator = ResidencyCoordinator(self.backend, ResidencyPolicy(self.plan, self.cfg.hysteresis, self.cfg.policy), prior, self.cfg.swap_wait_s)
         try:
             await self.coordinator.sync()
         except Exception as exc:  # noqa: BLE001 - the backend may start after the proxy

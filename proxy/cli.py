@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-timeout", type=float, default=600.0, help="seconds to wait for the backend")
     p.add_argument("--swap-wait", type=float, default=2.0, help="seconds a request waits for its residency install")
     p.add_argument("--hysteresis", type=float, default=0.05, help="keep the resident set if it captures >= 1-h of the target's score")
+    p.add_argument("--policy", choices=["union", "latest"], default="union",
+                   help="union: scored union of in-flight requests' sets (default); latest: each request installs its own")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> int:
 
     cfg = ProxyConfig(
         backend=a.backend, plan=a.plan, classifier=a.classifier, control_token=a.control_token, proxy_key=a.proxy_key,
-        max_body_bytes=a.max_body_bytes, backend_timeout_s=a.backend_timeout, swap_wait_s=a.swap_wait, hysteresis=a.hysteresis,
+        max_body_bytes=a.max_body_bytes, backend_timeout_s=a.backend_timeout, swap_wait_s=a.swap_wait, hysteresis=a.hysteresis, policy=a.policy,
     )
     uvicorn.run(ReapProxy(cfg).app, host=a.host, port=a.port, log_level=a.log_level, lifespan="on")
     return 0

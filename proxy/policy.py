@@ -50,12 +50,21 @@ def _normalized(scores: Sequence[float]) -> list[float]:
     return [s / total for s in clipped] if total > 0 else [1.0 / max(len(clipped), 1)] * len(clipped)
 
 
+MODES = ("union", "latest")
+
+
 class ResidencyPolicy:
-    def __init__(self, plan: Plan, hysteresis: float = 0.05):
+    """``union`` (default) as described above; ``latest`` = every request installs its own set
+    (the naive per-request swap the seed did), kept for comparison in the benchmark."""
+
+    def __init__(self, plan: Plan, hysteresis: float = 0.05, mode: str = "union"):
         if not 0 <= hysteresis < 1:
             raise ValueError("hysteresis must be in [0, 1)")
+        if mode not in MODES:
+            raise ValueError(f"policy must be one of {MODES}")
         self.plan = plan
-        self.hysteresis = hysteresis
+        self.hysteresis = hysteresis if mode == "union" else 0.0
+        self.mode = mode
 
     def combined_scores(self, wishes: Sequence[Wish]) -> dict[int, list[float]]:
         out: dict[int, list[float]] = {}
@@ -76,6 +85,8 @@ class ResidencyPolicy:
     def decide(self, wishes: Sequence[Wish], current: Mapping[int, tuple[int, ...]], prior: Mapping[int, Sequence[float]] | None = None) -> Decision:
         if not wishes:
             return Decision(dict(current), signature(current), False, "no requests in flight", 1.0)
+        if self.mode == "latest":
+            wishes = [wishes[-1]]
         scores = self.combined_scores(wishes)
         target: Resident = {}
         kept = got = 0.0

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("reap_swap.demo:main", "the whole pipeline end to end on the embedded default"),
     "tiny-model": ("reap_swap.models.tiny_cli:main", "build a deterministic tiny Qwen3-MoE test model"),
     "serve": ("reap_swap.server_ext.launcher:main", "serve a model with vLLM + expert-granular residency"),
     "bench-swap": ("reap_swap.server_ext.bench:main", "benchmark swaps and decode speed on a served model"),
@@ -20,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("reap_swap.classifier.train:main_train", "train the prompt -> specialist slices classifier"),
     "evaluate": ("reap_swap.classifier.train:main_evaluate", "coverage of the classifier vs static, LFU and oracle"),
     "proxy": ("reap_swap.proxy.cli:main", "OpenAI-compatible routing proxy in front of reap-swap serve"),
+    "bench-proxy": ("reap_swap.proxy.bench:main", "proxy overhead and concurrency policies, side by side"),
 }
 
 

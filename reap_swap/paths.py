@@ -16,3 +16,8 @@ def example_corpus_files() -> list[Path]:
     if not files:
         raise FileNotFoundError(f"no example corpus under {example_dir() / 'corpus'}")
     return files
+
+
+def bundled_model_dir() -> Path:
+    """Where the committed trained small MoE lives (models/small_moe in the repo)."""
+    return Path(str(resources.files("reap_swap.models"))) / "small_moe"

@@ -56,8 +56,8 @@ def attribute_step(
     """Per-request sums for one step.
 
     ids/weights: one [>=T, K] tensor per layer; resident_mask: [L, E] bool on
-    the same device. Returns observed [L, R], inactive [L, R], hits and
-    miss_hits [L, R, E], tokens [R].
+    the same device. Returns observed [L, R], inactive [L, R], hits,
+    miss_hits and expert_mass [L, R, E], tokens [R].
     """
     t = layout.total
     num_layers, num_experts = resident_mask.shape
@@ -79,10 +79,12 @@ def attribute_step(
     size = num_layers * r * num_experts
     hits = torch.bincount(flat.reshape(-1), minlength=size)
     miss_hits = torch.bincount(flat.reshape(-1), weights=miss.reshape(-1).to(torch.float64), minlength=size)
+    mass = torch.bincount(flat.reshape(-1), weights=w.reshape(-1), minlength=size)
     return {
         "observed": observed.cpu().numpy(),
         "inactive": inactive.cpu().numpy(),
         "hits": hits.view(num_layers, r, num_experts).cpu().numpy(),
         "miss_hits": miss_hits.round().to(torch.int64).view(num_layers, r, num_experts).cpu().numpy(),
+        "expert_mass": mass.view(num_layers, r, num_experts).cpu().numpy(),
         "tokens": np.asarray(layout.num_tokens, dtype=np.int64),
     }

@@ -52,13 +52,15 @@ class RequestMisses:
     inactive: np.ndarray  # [L] part of it on non-resident experts
     hits: np.ndarray  # [L, E] routed (token, k) pairs per expert
     miss_hits: np.ndarray  # [L, E] of those, pairs that found the expert non-resident
+    expert_mass: np.ndarray  # [L, E] gate mass per expert (any resident set's misses follow from it)
     tokens: int = 0
     steps: int = 0
 
     @classmethod
     def zeros(cls, layers: int, experts: int) -> "RequestMisses":
         return cls(
-            np.zeros(layers), np.zeros(layers), np.zeros((layers, experts), np.int64), np.zeros((layers, experts), np.int64)
+            np.zeros(layers), np.zeros(layers), np.zeros((layers, experts), np.int64), np.zeros((layers, experts), np.int64),
+            np.zeros((layers, experts)),
         )
 
     def add(self, other: "RequestMisses") -> None:
@@ -66,6 +68,7 @@ class RequestMisses:
         self.inactive += other.inactive
         self.hits += other.hits
         self.miss_hits += other.miss_hits
+        self.expert_mass += other.expert_mass
         self.tokens += other.tokens
         self.steps += other.steps
 
@@ -89,14 +92,18 @@ class MissLedger:
         inactive: np.ndarray,
         hits: np.ndarray,
         miss_hits: np.ndarray,
+        expert_mass: np.ndarray | None = None,
     ) -> None:
-        """One forward step: arrays are [R], [L, R], [L, R], [L, R, E], [L, R, E]."""
+        """One forward step: arrays are [R], [L, R], [L, R], then [L, R, E] each."""
+        if expert_mass is None:
+            expert_mass = np.zeros(hits.shape)
         for r, rid in enumerate(request_ids):
             step = RequestMisses(
                 observed[:, r].astype(np.float64),
                 inactive[:, r].astype(np.float64),
                 hits[:, r].astype(np.int64),
                 miss_hits[:, r].astype(np.int64),
+                expert_mass[:, r].astype(np.float64),
                 int(tokens[r]),
                 1,
             )
@@ -159,6 +166,7 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "inactive_experts": [int(e) for e in missed],
             "routed_pairs": int(acc.hits[i].sum()),
             "missed_pairs": int(acc.miss_hits[i].sum()),
+            "expert_mass": [round(float(x), 6) for x in acc.expert_mass[i]],
         }
     obs_total, ina_total = float(acc.observed.sum()), float(acc.inactive.sum())
     return {

@@ -74,7 +74,8 @@ class WorkerResidency:
             layout,
         )
         self.ledger.record_step(
-            layout.request_ids, sums["tokens"], sums["observed"], sums["inactive"], sums["hits"], sums["miss_hits"]
+            layout.request_ids, sums["tokens"], sums["observed"], sums["inactive"], sums["hits"], sums["miss_hits"],
+            sums["expert_mass"],
         )
         self.steps_attributed += 1
 

@@ -24,12 +24,14 @@ def test_attribution_matches_brute_force() -> None:
             obs = ina = 0.0
             hits = np.zeros(E, np.int64)
             miss = np.zeros(E, np.int64)
+            mass = np.zeros(E)
             for t in range(T):
                 if owner[t] != r:
                     continue
                 for k in range(K):
                     e = int(ids[l][t, k])
                     obs += float(w[l][t, k])
+                    mass[e] += float(w[l][t, k])
                     hits[e] += 1
                     if not resident[l, e]:
                         ina += float(w[l][t, k])
@@ -38,6 +40,7 @@ def test_attribution_matches_brute_force() -> None:
             assert np.isclose(out["inactive"][l, r], ina)
             assert (out["hits"][l, r] == hits).all()
             assert (out["miss_hits"][l, r] == miss).all()
+            np.testing.assert_allclose(out["expert_mass"][l, r], mass)
     assert out["tokens"].tolist() == [5, 1, 7]
 
 

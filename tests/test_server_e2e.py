@@ -205,6 +205,7 @@ def test_router_misses_equal_hf_recomputation_core_only(server: str, tiny_model_
         assert got["observed_mass"] == pytest.approx(observed[layer], abs=1e-3)
         assert got["inactive_mass"] == pytest.approx(inactive[layer], abs=1e-4 * len(seq))
         assert set(got["inactive_experts"]) <= set(range(4, 16))
+        assert sum(got["expert_mass"][4:]) == pytest.approx(got["inactive_mass"], abs=1e-4)
     assert rep["summary"]["inactive_ratio"] > 0.3
     assert rep["summary"]["inactive_ratio"] == pytest.approx(sum(inactive) / sum(observed), abs=0.01)
     reset = httpx.get(server + "/router_misses/miss-core?reset=true")

@@ -1,0 +1,239 @@
+"""Train a small Qwen3-MoE on the packed mixed-domain corpus, in one timed GPU run.
+
+Why: REAP-swap needs an MoE whose routing was *learned* (experts specialise by
+token type and domain), not a random-router toy. This script builds
+``Qwen3MoeForCausalLM`` from an explicit config, trains it for a wall-clock
+budget (or a step count), evaluates per-domain held-out perplexity and saves
+a checkpoint HF transformers (4.x or 5.x) and vLLM both load.
+
+Needs only torch, numpy, transformers, safetensors, tokenizers (python 3.12).
+
+    python models/train/train_moe.py --data .moe-data/moe_data.npz.xz --out runs/moe-trained --minutes 7
+    python models/train/train_moe.py --data ... --out /tmp/x --device cpu --steps 3 --batch-size 4 --seq-len 128
+"""
+
+from __future__ import annotations
+
+import time
+
+T_START = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moe_dense import patch_dense_moe  # noqa: E402
+from moe_io import (  # noqa: E402
+    build_config_dict,
+    count_params,
+    load_packed,
+    save_checkpoint,
+)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T_START:7.1f}s] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="moe_data.npz.xz (or .npz) from build_corpus.py")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=7.0, help="wall-clock budget for the whole script")
+    ap.add_argument("--reserve-s", type=float, default=45.0, help="seconds kept for final eval + save")
+    ap.add_argument("--steps", type=int, default=0, help="fixed step count (overrides the time budget)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=256, help="sequences per step (256 x 512 = 131k tokens)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--warmup-steps", type=int, default=100)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--aux-coef", type=float, default=0.01, help="router_aux_loss_coef")
+    ap.add_argument("--moe-impl", default="dense", choices=["dense", "hf"],
+                    help="dense: all-expert GEMMs (moe_dense.py); hf: transformers' own MoE forward")
+    ap.add_argument("--experts-impl", default=None, help="with --moe-impl hf on transformers 5.x: eager|grouped_mm|batched_mm")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="override a config key")
+    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--eval-windows", type=int, default=256, help="max held-out windows per domain")
+    ap.add_argument("--calib-steps", type=int, default=30, help="steps timed to size the cosine schedule")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
+    """Linear warmup then cosine to ``min_lr_ratio * lr`` at ``total``."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    frac = min(1.0, (step - args.warmup_steps) / max(1, total - args.warmup_steps))
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token CE and the Switch-style router balance loss (HF's own when it returns it)."""
+    out = model(input_ids=x, output_router_logits=True, use_cache=False)
+    logits = out.logits
+    lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+    aux = getattr(out, "aux_loss", None)
+    if aux is None or not torch.is_tensor(aux):
+        aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    return lm, aux.float()
+
+
+def balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
+    """Qwen3-MoE/Switch aux loss: E * sum_e (fraction routed to e) * (mean prob of e)."""
+    logits = torch.cat([t.reshape(-1, n_exp).float() for t in router_logits], dim=0)
+    probs = torch.softmax(logits, dim=-1)
+    _, ids = torch.topk(probs, top_k, dim=-1)
+    frac = torch.zeros(n_exp, device=logits.device).scatter_add_(0, ids.reshape(-1), torch.ones(ids.numel(), device=logits.device))
+    frac = frac / logits.shape[0]
+    return n_exp * torch.sum(frac * probs.mean(0))
+
+
+@torch.no_grad()
+def evaluate(model, arrays: dict[str, np.ndarray], domains: list[str], args, device, amp) -> dict:
+    """Held-out loss/perplexity per domain over non-overlapping seq_len windows."""
+    model.eval()
+    res: dict[str, dict] = {}
+    for dom in domains + ["all"]:
+        arr = arrays["heldout" if dom == "all" else f"heldout__{dom}"].astype(np.int64)
+        n_win = min(args.eval_windows * (2 if dom == "all" else 1), (arr.size - 1) // args.seq_len)
+        if n_win <= 0:
+            continue
+        total, count = 0.0, 0
+        bs = max(1, min(64, args.batch_size))
+        for i in range(0, n_win, bs):
+            idx = np.arange(i, min(n_win, i + bs))[:, None] * args.seq_len + np.arange(args.seq_len + 1)
+            batch = torch.from_numpy(arr[idx]).to(device)
+            with amp():
+                logits = model(input_ids=batch[:, :-1], use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+            total += loss.item()
+            count += batch[:, 1:].numel()
+        res[dom] = {"loss": total / count, "ppl": math.exp(min(50.0, total / count)), "tokens": count}
+    model.train()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    arrays, meta = load_packed(args.data)
+    domains = list(meta["domains"])
+    log(f"data {args.data}: {meta['train_tokens']:,} train tokens, vocab {meta['vocab_size']}, "
+        f"domains {domains}; torch {torch.__version__}, transformers {transformers.__version__}, {device}")
+    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    cfg_dict = build_config_dict(meta, args.seq_len, args.aux_coef, overrides)
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")})
+    kw = {"attn_implementation": "sdpa"}
+    if args.moe_impl == "hf" and args.experts_impl:
+        kw["experts_implementation"] = args.experts_impl
+    model = AutoModelForCausalLM.from_config(config, **kw).to(device)
+    n_total, n_active = count_params(model, cfg_dict)
+    log(f"model: {n_total/1e6:.2f}M params ({n_active/1e6:.2f}M active/token), bf16 ~{2*n_total/1e6:.1f} MB")
+    if args.moe_impl == "dense":
+        log(f"dense MoE forward patched into {patch_dense_moe(model)} blocks")
+    fwd_model = torch.compile(model) if args.compile else model
+
+    train = torch.from_numpy(arrays["train"].astype(np.int32)).to(device)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    span = torch.arange(args.seq_len + 1, device=device)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if device.type == "cuda" else {}),
+    )
+    use_amp = device.type == "cuda"
+
+    def amp():
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_amp)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_fh = open(args.out / "train_log.jsonl", "w")
+    deadline = T_START + args.minutes * 60 - args.reserve_s
+    total_steps = args.steps if args.steps > 0 else 10**9
+    tokens_per_step = args.batch_size * args.seq_len
+    log(f"training: {tokens_per_step:,} tokens/step, "
+        + (f"{args.steps} steps" if args.steps else f"until {args.minutes} min minus {args.reserve_s:.0f}s reserve"))
+    model.train()
+    step, t_calib, t_log, last_log_step = 0, None, time.time(), 0
+    while step < total_steps:
+        if args.steps <= 0 and time.time() >= deadline:
+            log(f"time budget reached at step {step}")
+            break
+        lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None else 10**9, args)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
+        batch = train[starts[:, None] + span].long()
+        with amp():
+            lm, aux = lm_and_aux(fwd_model, batch[:, :-1], batch[:, 1:], config)
+            loss = lm + args.aux_coef * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        opt.step()
+        step += 1
+        if args.steps <= 0 and step == 5:
+            sync()
+            t_calib = (time.time(), step)
+        if args.steps <= 0 and t_calib is not None and step == 5 + args.calib_steps:
+            sync()
+            per_step = (time.time() - t_calib[0]) / (step - t_calib[1])
+            total_steps = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+            log(f"calibrated: {per_step*1000:.1f} ms/step, {tokens_per_step/per_step/1e6:.2f}M tok/s "
+                f"-> schedule of {total_steps} steps ({total_steps*tokens_per_step/1e6:.0f}M tokens)")
+        if step % args.log_every == 0 or step == 1 or step == total_steps:
+            rec = {"step": step, "lr": lr, "lm_loss": lm.item(), "aux_loss": aux.item(), "loss": loss.item(),
+                   "grad_norm": float(gnorm), "elapsed_s": round(time.time() - T_START, 2),
+                   "tok_per_s": round((step - last_log_step) * tokens_per_step / max(1e-9, time.time() - t_log))}
+            t_log, last_log_step = time.time(), step
+            log_fh.write(json.dumps(rec) + "\n")
+            log_fh.flush()
+            log(f"step {step:6d} lr {lr:.2e} lm {rec['lm_loss']:.4f} aux {rec['aux_loss']:.4f} "
+                f"gnorm {rec['grad_norm']:.2f} {rec['tok_per_s']/1e6:.2f}M tok/s")
+    sync()
+    train_s = time.time() - T_START
+    log(f"trained {step} steps, {step * tokens_per_step / 1e6:.1f}M tokens")
+    ev = evaluate(model, arrays, domains, args, device, amp)
+    for dom, r in ev.items():
+        log(f"eval {dom:13s} loss {r['loss']:.4f} ppl {r['ppl']:.2f} ({r['tokens']} tokens)")
+    result = {
+        "steps": step, "tokens_seen": step * tokens_per_step, "train_seconds": round(train_s, 1),
+        "params": n_total, "active_params": n_active, "eval": ev, "args": {k: str(v) for k, v in vars(args).items()},
+        "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
+    }
+    (args.out / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+    log_fh.close()
+    info = save_checkpoint(model, cfg_dict, arrays, args.out)
+    log(f"saved {args.out}: model.safetensors {info['safetensors_bytes']/1e6:.2f} MB ({info['layout']}); "
+        f"total {time.time() - T_START:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

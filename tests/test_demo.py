@@ -1,0 +1,36 @@
+"""The README's main command, in reduced mode: table, figures, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.vllm_servers import require_vllm
+
+pytestmark = pytest.mark.vllm
+
+
+def _children_of(pid: int) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,ppid,pgid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    return [line for line in out if f" {pid} " in f" {line.split(None, 3)[1]} " or "reap_swap.cli serve" in line or "reap_swap.cli proxy" in line]
+
+
+def test_demo_quick(tmp_path: Path) -> None:
+    require_vllm()
+    work = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "reap_swap.cli", "demo", "--quick", "--workdir", str(work)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "token-weighted mean" in r.stdout and "core-only" in r.stdout
+    result = json.loads((work / "demo.json").read_text())
+    assert len(result["requests"]) == 6  # one per domain
+    for row in result["requests"]:
+        assert row["tokens"] > 0 and 0 <= row["miss_ratio"] <= 1
+    assert any(row["bytes_copied"] > 0 for row in result["requests"])
+    for fig in result["figures"]:
+        assert (work / fig).stat().st_size > 1000
+    assert not _children_of(0), "servers left running after the demo"
