@@ -14,14 +14,16 @@ from tests.vllm_servers import require_vllm
 pytestmark = pytest.mark.vllm
 
 
-def _processes_mentioning(text: str) -> list[str]:
+def _server_like_processes() -> set[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
-    return [line for line in out if text in line]
+    keys = ("reap_swap", "vllm", "VLLM", "spawn_main", "multiprocessing")
+    return {line.strip() for line in out if any(k in line for k in keys)}
 
 
 def test_demo_quick(tmp_path: Path) -> None:
     require_vllm()
     work = tmp_path / "demo"
+    before = _server_like_processes()
     r = subprocess.run([sys.executable, "-m", "reap_swap.cli", "demo", "--quick", "--workdir", str(work)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -33,4 +35,5 @@ def test_demo_quick(tmp_path: Path) -> None:
     assert any(row["bytes_copied"] > 0 for row in result["requests"])
     for fig in result["figures"]:
         assert (work / fig).stat().st_size > 1000
-    assert not _processes_mentioning(str(work)), "servers left running after the demo"
+    left = _server_like_processes() - before
+    assert not left, f"processes left running after the demo: {left}"
