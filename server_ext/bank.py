@@ -29,7 +29,7 @@ class Backing(Protocol):
 
     name: str
 
-    def host_row_offset(self, num_slots: int, row_bytes: int) -> int: ...
+    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int: ...
 
     def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
@@ -44,7 +44,7 @@ class PlainBacking:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def host_row_offset(self, num_slots: int, row_bytes: int) -> int:
+    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int:
         return num_slots
 
     def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -95,8 +95,7 @@ class ExpertBank:
         self.phys_map = phys_map
         self.backing = backing
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
-        biggest = max(self.row_bytes.values())
-        host_offset = backing.host_row_offset(num_slots, biggest)
+        host_offset = backing.host_row_offset(num_slots, list(self.row_bytes.values()))
         self.table = SlotTable(num_experts, num_slots, host_offset)
         with torch.no_grad():
             for name, p in params.items():

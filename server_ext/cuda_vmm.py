@@ -1,0 +1,110 @@
+"""CUDA backing of an expert bank: one virtual range, slot rows in GPU memory,
+host rows in pinned host memory (CUDA virtual memory management).
+
+The range is reserved once with ``cuMemAddressReserve``; its first part is
+backed by a device allocation (the slot bank), the rest by a host-NUMA
+allocation (every expert's host copy), both mapped with read/write access
+for the GPU. To the fused-MoE kernel it is one ordinary [rows, ...] tensor:
+slot rows read at HBM speed, host rows over the host link, addresses never
+move (CUDA graphs stay valid) and swaps are plain row copies inside it.
+Allocation granularity is 2 MiB on the H200 (measured, see shared notes), so
+the slot region is padded to whole pages with unused rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+try:  # cuda-bindings >= 12.6 layout, then the older cuda-python one
+    from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the CUDA install
+    try:
+        from cuda import cuda as cu  # type: ignore[import-not-found,no-redef]
+    except ImportError:
+        cu = None
+
+
+class VmmError(RuntimeError):
+    pass
+
+
+def _check(result: Any) -> Any:
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise VmmError(f"CUDA driver call failed: {err}")
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+class _CudaArray:
+    """Minimal __cuda_array_interface__ owner so torch can wrap the mapped range."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
+
+
+class VmmBacking:
+    name = "cuda-vmm"
+
+    def __init__(self, device: torch.device, numa_node: int = 0):
+        if cu is None:
+            raise VmmError("expert residency on CUDA needs the cuda-bindings package (pip install cuda-bindings)")
+        self.device = device
+        self.ordinal = device.index if device.index is not None else torch.cuda.current_device()
+        self.numa_node = numa_node
+        torch.cuda.init()
+        self._keep: list[Any] = []  # handles and wrappers live as long as the server
+        self.granularity = max(self._granularity(self._prop(device=True)), self._granularity(self._prop(device=False)))
+
+    def _prop(self, device: bool) -> Any:
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        if device:
+            prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            prop.location.id = self.ordinal
+        else:
+            prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
+            prop.location.id = self.numa_node
+        return prop
+
+    def _granularity(self, prop: Any) -> int:
+        flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        return int(_check(cu.cuMemGetAllocationGranularity(prop, flag)))
+
+    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int:
+        """Smallest row count >= num_slots whose bytes are whole pages for every parameter."""
+        step = 1
+        for rb in row_bytes:
+            step = math.lcm(step, self.granularity // math.gcd(rb, self.granularity))
+        return -(-num_slots // step) * step
+
+    def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        row_bytes = math.prod(row_shape) * torch.empty((), dtype=dtype).element_size()
+        dev_bytes = host_offset * row_bytes
+        host_bytes = -(-(num_experts * row_bytes) // self.granularity) * self.granularity
+        if dev_bytes % self.granularity:
+            raise VmmError("slot region is not page aligned")
+        total = dev_bytes + host_bytes
+        ptr = int(_check(cu.cuMemAddressReserve(total, self.granularity, 0, 0)))
+        offset = 0
+        for size, on_device in ((dev_bytes, True), (host_bytes, False)):
+            if size == 0:
+                continue
+            handle = _check(cu.cuMemCreate(size, self._prop(device=on_device), 0))
+            _check(cu.cuMemMap(ptr + offset, size, 0, handle, 0))
+            self._keep.append(handle)
+            offset += size
+        access = cu.CUmemAccessDesc()
+        access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = self.ordinal
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        _check(cu.cuMemSetAccess(ptr, total, [access], 1))
+        owner = _CudaArray(ptr, (host_offset + num_experts) * row_bytes)
+        self._keep.append(owner)
+        raw = torch.as_tensor(owner, device=self.device)
+        return raw.view(dtype).view(host_offset + num_experts, *row_shape)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
