@@ -37,6 +37,7 @@ TRUSTED_TYPES = [
     "numpy.random._mt19937.MT19937",
     "numpy.random.mtrand.RandomState",
     "builtins.slice",
+    "scipy.sparse._csr.csr_matrix",  # kNN keeps its (sparse) training features
     "sklearn.utils._bunch.Bunch",
 ]
 

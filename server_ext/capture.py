@@ -53,6 +53,16 @@ def attribute_step(
     resident_mask: torch.Tensor,
     layout: StepLayout,
 ) -> dict[str, np.ndarray]:
+    """``attribute_step_device`` with the result on the host as numpy arrays."""
+    return {k: v.cpu().numpy() for k, v in attribute_step_device(ids_per_layer, weights_per_layer, resident_mask, layout).items()}
+
+
+def attribute_step_device(
+    ids_per_layer: Sequence[torch.Tensor],
+    weights_per_layer: Sequence[torch.Tensor],
+    resident_mask: torch.Tensor,
+    layout: StepLayout,
+) -> dict[str, torch.Tensor]:
     """Per-request sums for one step.
 
     ids/weights: one [>=T, K] tensor per layer; resident_mask: [L, E] bool on
@@ -81,10 +91,10 @@ def attribute_step(
     miss_hits = torch.bincount(flat.reshape(-1), weights=miss.reshape(-1).to(torch.float64), minlength=size)
     mass = torch.bincount(flat.reshape(-1), weights=w.reshape(-1), minlength=size)
     return {
-        "observed": observed.cpu().numpy(),
-        "inactive": inactive.cpu().numpy(),
-        "hits": hits.view(num_layers, r, num_experts).cpu().numpy(),
-        "miss_hits": miss_hits.round().to(torch.int64).view(num_layers, r, num_experts).cpu().numpy(),
-        "expert_mass": mass.view(num_layers, r, num_experts).cpu().numpy(),
-        "tokens": np.asarray(layout.num_tokens, dtype=np.int64),
+        "observed": observed,
+        "inactive": inactive,
+        "hits": hits.view(num_layers, r, num_experts),
+        "miss_hits": miss_hits.round().to(torch.int64).view(num_layers, r, num_experts),
+        "expert_mass": mass.view(num_layers, r, num_experts),
+        "tokens": torch.tensor(layout.num_tokens, dtype=torch.int64),
     }

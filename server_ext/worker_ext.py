@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import torch
 
 from . import config as reap_config
 from .bank import ExpertBank, SwapStats
-from .capture import attribute_step, batch_layout
+from .capture import StepLayout, attribute_step_device, batch_layout
 from .layer import ResidentRoutedExperts
 from .misses import MissLedger
 
@@ -40,6 +41,9 @@ class WorkerResidency:
         self._mask: torch.Tensor | None = None
         self.steps_attributed = 0
         self.steps_unattributed = 0
+        # CUDA: a step's sums are copied to pinned host memory without a sync and booked
+        # once their event has completed, so accounting never stalls the next step.
+        self._pending: deque[tuple[StepLayout, dict[str, torch.Tensor], Any]] = deque()
 
     def resident_mask(self) -> torch.Tensor:
         if self._mask is None:
@@ -67,17 +71,34 @@ class WorkerResidency:
             if layout is None:
                 self.steps_unattributed += 1
             return
-        sums = attribute_step(
+        sums = attribute_step_device(
             [m.reap_capture_ids for m in self.layers if m.reap_bank],
             [m.reap_capture_w for m in self.layers if m.reap_bank],
             self.resident_mask(),
             layout,
         )
+        if self.device.type == "cuda":
+            host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True) for k, v in sums.items()}
+            event = torch.cuda.Event()
+            event.record()
+            self._pending.append((layout, host, event))
+            self.flush(block=False)
+        else:
+            self._book(layout, sums)
+
+    def _book(self, layout: StepLayout, sums: dict[str, torch.Tensor]) -> None:
+        s = {k: v.numpy() for k, v in sums.items()}
         self.ledger.record_step(
-            layout.request_ids, sums["tokens"], sums["observed"], sums["inactive"], sums["hits"], sums["miss_hits"],
-            sums["expert_mass"],
+            layout.request_ids, s["tokens"], s["observed"], s["inactive"], s["hits"], s["miss_hits"], s["expert_mass"]
         )
         self.steps_attributed += 1
+
+    def flush(self, block: bool = True) -> None:
+        """Book finished steps (all of them when ``block``)."""
+        while self._pending and (block or self._pending[0][2].query()):
+            layout, host, event = self._pending.popleft()
+            event.synchronize()
+            self._book(layout, host)
 
     def swap(self, target: dict[str, list[int]]) -> dict[str, Any]:
         wanted: dict[int, tuple[int, ...]] = {}
@@ -147,6 +168,7 @@ class ReapWorkerExtension:
 
     def reap_state(self) -> dict[str, Any]:
         rt = self._reap()
+        rt.flush()
         state = rt.describe()
         state["steps_attributed"] = rt.steps_attributed
         state["steps_unattributed"] = rt.steps_unattributed
@@ -157,6 +179,7 @@ class ReapWorkerExtension:
         return self._reap().swap(target)
 
     def reap_router_misses(self, client_id: str, reset: bool = False) -> dict[str, Any] | None:
+        self._reap().flush()
         ledger = self._reap().ledger
         report = ledger.report(client_id)
         if report is not None and reset:
@@ -164,6 +187,7 @@ class ReapWorkerExtension:
         return report
 
     def reap_reset_router_stats(self) -> int:
+        self._reap().flush()
         return self._reap().ledger.reset("__all__")
 
     def reap_verify(self) -> dict[str, list[int]]:

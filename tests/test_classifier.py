@@ -105,6 +105,17 @@ def test_save_load_gives_identical_predictions(example_obs_dir: Path, trained: t
     assert sel.slices and sel.embed_ms > 0
 
 
+@pytest.mark.parametrize("method", ["knn", "mlp"])
+def test_every_method_round_trips(example_obs_dir: Path, trained: tuple[Path, Path], tmp_path: Path, method: str) -> None:
+    plan_path, _ = trained
+    train(example_obs_dir, plan_path, tmp_path / method, "test", method, None)
+    plan = load_plan(plan_path)
+    clf = SliceClassifier.load(tmp_path / method, plan)
+    assert clf.meta["model_selection"]["chosen"]["method"] == method
+    texts = load_observations(example_obs_dir).prompts[:4]
+    np.testing.assert_array_equal(clf.score_texts(texts), SliceClassifier.load(tmp_path / method, plan).score_texts(texts))
+
+
 def test_refuses_another_plan_or_tampered_files(tmp_path: Path, trained: tuple[Path, Path]) -> None:
     import shutil
 

@@ -48,10 +48,27 @@ _CLASSIFIERS: dict[str, str] = {
     "License :: OSI Approved :: ISC License (ISCL)": "ISC",
 }
 _COPYLEFT = re.compile(r"\b(A?GPL|LGPL|GNU|MPL|Mozilla Public|EUPL|CDDL|Proprietary|Commercial)\b", re.I)
-# A file that carries its own copyleft header is skipped even inside a permissive package.
+# A file that carries its own copyleft or proprietary header is skipped even inside a
+# permissive package (e.g. NVIDIA SDK headers bundled in wheels keep NVIDIA's licence).
 FILE_COPYLEFT = re.compile(
-    r"GNU (Lesser |Library |Affero )?General Public License|\bSPDX-License-Identifier:\s*(L|A)?GPL", re.I
+    r"GNU (Lesser |Library |Affero )?General Public License|\bSPDX-License-Identifier:\s*(L|A)?GPL"
+    r"|NOTICE TO LICENSEE|Licensed Deliverables|retain all intellectual property\s+(\*\s+)?and proprietary rights"
+    r"|PROPRIETARY and\s+(\*\s+)?CONFIDENTIAL",
+    re.I,
 )
+# Vendored trees carry their own licences, which the package metadata does not describe.
+VENDORED_DIRS: frozenset[str] = frozenset(
+    {"_vendor", "vendor", "vendored", "third_party", "third-party", "3rdparty", "thirdparty"}
+)
+# Vendor SDK headers bundled inside permissive wheels (CUDA/HIP/CUPTI in triton, cuda_fp16 in numba).
+VENDOR_SDK_PATHS: tuple[str, ...] = ("triton/backends/nvidia/include/", "triton/backends/amd/include/",
+                                     "numba/cuda/cuda_fp16", "numba/cuda/cuda_bf16")
+
+
+def vendored(path: str) -> bool:
+    """True for files in vendored trees or bundled vendor SDKs (their licence is not the package's)."""
+    parts = path.replace("\\", "/").split("/")
+    return any(p in VENDORED_DIRS for p in parts) or any(s in path for s in VENDOR_SDK_PATHS)
 
 
 @dataclass(frozen=True)

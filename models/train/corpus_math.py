@@ -77,13 +77,13 @@ def _frac(r: random.Random) -> Problem:
         res = x * y
         sol = f"Multiply numerators and denominators: ({a} x {c})/({b} x {d}) = {a * c}/{b * d}."
     else:
-        l = b * d // math.gcd(b, d)
-        na, nc = a * (l // b), c * (l // d)
+        lcd = b * d // math.gcd(b, d)
+        na, nc = a * (lcd // b), c * (lcd // d)
         num = na + nc if op == "+" else na - nc
         res = x + y if op == "+" else x - y
         sol = (
-            f"The least common denominator of {b} and {d} is {l}.\n"
-            f"{a}/{b} = {na}/{l} and {c}/{d} = {nc}/{l}.\n{na}/{l} {op} {nc}/{l} = {num}/{l}."
+            f"The least common denominator of {b} and {d} is {lcd}.\n"
+            f"{a}/{b} = {na}/{lcd} and {c}/{d} = {nc}/{lcd}.\n{na}/{lcd} {op} {nc}/{lcd} = {num}/{lcd}."
         )
     assert res == (x * y if op == "x" else (x + y if op == "+" else x - y))
     return f"Compute {a}/{b} {op} {c}/{d} and simplify.", sol + f"\nIn lowest terms: {res}\nAnswer: {res}"

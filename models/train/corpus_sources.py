@@ -20,6 +20,7 @@ from typing import Iterator
 
 from corpus_licences import (
     Verdict,
+    vendored,
     licence_file_verdict,
     npm_verdict,
     python_dist_verdict,
@@ -155,6 +156,8 @@ def python_dists(report: SourceReport) -> Iterator[Candidate]:
             if ".dist-info/" in rel or "__pycache__" in rel:
                 continue
             p = Path(dist.locate_file(rel))
+            if vendored(rel):
+                continue
             dom = domain_for_file(p)
             if dom and p.is_file() and not p.is_symlink():
                 yield Candidate(dom, str(p), f"pypi:{name}", verdict.licence)

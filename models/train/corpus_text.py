@@ -75,7 +75,9 @@ def mdbook_shell_blocks(page: str) -> str | None:
     return "\n\n".join(blocks) + "\n" if blocks else None
 
 
-_MD_FENCE = re.compile(r"^```(toml|console|bash|shell|sh|yaml|yml|ini|cfg|dockerfile|make|json)[^\n]*\n(.*?)^```", re.S | re.M)
+_MD_FENCE = re.compile(
+    r"^```(toml|console|bash|shell|sh|yaml|yml|ini|cfg|dockerfile|make|json)[^\n]*\n(.*?)^```", re.S | re.M
+)
 
 
 def markdown_shell_blocks(text: str) -> str | None:

@@ -39,7 +39,8 @@ def encode_docs(tok, docs: list[dict], eot_id: int, batch: int = 512) -> tuple[n
     per_domain: dict[str, int] = defaultdict(int)
     for i in range(0, len(docs), batch):
         chunk = docs[i : i + batch]
-        for d, enc in zip(chunk, tok.encode_batch([d["text"] for d in chunk], add_special_tokens=False)):
+        encoded = tok.encode_batch([d["text"] for d in chunk], add_special_tokens=False)
+        for d, enc in zip(chunk, encoded, strict=True):
             ids = np.asarray(enc.ids + [eot_id], dtype=np.uint16)
             parts.append(ids)
             per_domain[d["domain"]] += len(ids)

@@ -86,3 +86,13 @@ def patch_dense_moe(model: nn.Module) -> int:
             module.forward = types.MethodType(dense_moe_forward, module)
             n += 1
     return n
+
+
+def unpatch_dense_moe(model: nn.Module) -> int:
+    """Undo ``patch_dense_moe`` (the class's own forward applies again); returns blocks restored."""
+    n = 0
+    for module in model.modules():
+        if "forward" in module.__dict__ and hasattr(module, "_dense_top_k"):
+            del module.forward
+            n += 1
+    return n

@@ -13,7 +13,8 @@ same config, per layer:
   and the experts it is routed to (0 = routing ignores domain);
 - the domain x expert usage matrix (fractions of top-k slots).
 
-    python routing_report.py --model DIR --data moe_data.npz.xz [--compare DIR | --random] --out report.json [--png h.png]
+    python routing_report.py --model DIR --data moe_data.npz.xz [--compare DIR | --random] \
+        --out report.json [--png heatmap.png]
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--out", type=Path, default=Path("routing_report.json"))
     ap.add_argument("--png", type=Path, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=12345, help="init seed of the --random model (train_moe uses 0)")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     arrays, meta = load_packed(args.data)

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from moe_dense import patch_dense_moe  # noqa: E402
+from moe_dense import patch_dense_moe, unpatch_dense_moe  # noqa: E402
 from moe_io import (  # noqa: E402
     build_config_dict,
     count_params,
@@ -58,13 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--aux-coef", type=float, default=0.01, help="router_aux_loss_coef")
-    ap.add_argument("--moe-impl", default="dense", choices=["dense", "hf"],
-                    help="dense: all-expert GEMMs (moe_dense.py); hf: transformers' own MoE forward")
-    ap.add_argument("--experts-impl", default=None, help="with --moe-impl hf on transformers 5.x: eager|grouped_mm|batched_mm")
+    ap.add_argument("--moe-impl", default="auto", choices=["auto", "dense", "hf"],
+                    help="dense: all-expert GEMMs (moe_dense.py); hf: transformers' own MoE forward; "
+                         "auto: dense on CUDA (big GEMMs, no host syncs), hf on CPU (fewer FLOPs)")
+    ap.add_argument("--experts-impl", default=None,
+                    help="with --moe-impl hf on transformers 5.x: eager|grouped_mm|batched_mm")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (off by default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="override a config key")
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--eval-windows", type=int, default=256, help="max held-out windows per domain")
+    ap.add_argument("--eval-windows", type=int, default=256, help="max held-out windows per domain (final eval)")
+    ap.add_argument("--eval-every", type=int, default=500, help="quick held-out eval every N steps (0: off)")
     ap.add_argument("--calib-steps", type=int, default=30, help="steps timed to size the cosine schedule")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -94,19 +97,20 @@ def balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
     logits = torch.cat([t.reshape(-1, n_exp).float() for t in router_logits], dim=0)
     probs = torch.softmax(logits, dim=-1)
     _, ids = torch.topk(probs, top_k, dim=-1)
-    frac = torch.zeros(n_exp, device=logits.device).scatter_add_(0, ids.reshape(-1), torch.ones(ids.numel(), device=logits.device))
-    frac = frac / logits.shape[0]
+    frac = torch.bincount(ids.reshape(-1), minlength=n_exp).float() / logits.shape[0]
     return n_exp * torch.sum(frac * probs.mean(0))
 
 
 @torch.no_grad()
-def evaluate(model, arrays: dict[str, np.ndarray], domains: list[str], args, device, amp) -> dict:
+def evaluate(model, arrays: dict[str, np.ndarray], domains: list[str], args, device, amp,
+             max_windows: int | None = None) -> dict:
     """Held-out loss/perplexity per domain over non-overlapping seq_len windows."""
     model.eval()
     res: dict[str, dict] = {}
     for dom in domains + ["all"]:
         arr = arrays["heldout" if dom == "all" else f"heldout__{dom}"].astype(np.int64)
-        n_win = min(args.eval_windows * (2 if dom == "all" else 1), (arr.size - 1) // args.seq_len)
+        cap = max_windows or args.eval_windows
+        n_win = min(cap * (2 if dom == "all" else 1), (arr.size - 1) // args.seq_len)
         if n_win <= 0:
             continue
         total, count = 0.0, 0
@@ -116,7 +120,8 @@ def evaluate(model, arrays: dict[str, np.ndarray], domains: list[str], args, dev
             batch = torch.from_numpy(arr[idx]).to(device)
             with amp():
                 logits = model(input_ids=batch[:, :-1], use_cache=False).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+            flat = logits.float().reshape(-1, logits.shape[-1])
+            loss = F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
             total += loss.item()
             count += batch[:, 1:].numel()
         res[dom] = {"loss": total / count, "ppl": math.exp(min(50.0, total / count)), "tokens": count}
@@ -143,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         f"domains {domains}; torch {torch.__version__}, transformers {transformers.__version__}, {device}")
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     cfg_dict = build_config_dict(meta, args.seq_len, args.aux_coef, overrides)
-    config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")})
+    config = transformers.AutoConfig.for_model(
+        **{k: v for k, v in cfg_dict.items() if k not in ("architectures", "torch_dtype")}
+    )
+    if args.moe_impl == "auto":
+        args.moe_impl = "dense" if device.type == "cuda" else "hf"
     kw = {"attn_implementation": "sdpa"}
     if args.moe_impl == "hf" and args.experts_impl:
         kw["experts_implementation"] = args.experts_impl
@@ -180,12 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     log(f"training: {tokens_per_step:,} tokens/step, "
         + (f"{args.steps} steps" if args.steps else f"until {args.minutes} min minus {args.reserve_s:.0f}s reserve"))
     model.train()
-    step, t_calib, t_log, last_log_step = 0, None, time.time(), 0
-    while step < total_steps:
-        if args.steps <= 0 and time.time() >= deadline:
-            log(f"time budget reached at step {step}")
-            break
-        lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None else 10**9, args)
+    t_calib, error = None, None
+
+    log_state = {"t": time.time(), "step": 0}
+
+    def log_step(step: int, lr: float, lm, aux, loss, gnorm) -> None:
+        now = time.time()
+        rec = {"step": step, "lr": lr, "lm_loss": lm.item(), "aux_loss": aux.item(), "loss": loss.item(),
+               "grad_norm": float(gnorm), "elapsed_s": round(now - T_START, 2),
+               "tok_per_s": round((step - log_state["step"]) * args.batch_size * args.seq_len
+                                  / max(1e-9, now - log_state["t"]))}
+        log_state.update(t=now, step=step)
+        log_fh.write(json.dumps(rec) + "\n")
+        log_fh.flush()
+        log(f"step {step:6d} lr {lr:.2e} lm {rec['lm_loss']:.4f} aux {rec['aux_loss']:.4f} "
+            f"gnorm {rec['grad_norm']:.2f} {rec['tok_per_s']/1e6:.2f}M tok/s")
+
+    def train_step(lr: float):
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
@@ -197,6 +217,47 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
+        return lm, aux, loss, gnorm
+
+    # A one-shot GPU run must not die on its first step: drop torch.compile, then fall back to
+    # HF's MoE forward if the dense path fails, and halve the batch on out-of-memory.
+    for _attempt in range(5):
+        try:
+            lm, aux, loss, gnorm = train_step(lr_at(0, total_steps, args))
+            sync()
+            break
+        except Exception as exc:  # noqa: BLE001
+            opt.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+            if args.compile and not oom:
+                log(f"compiled step failed ({exc!r}); running eager")
+                args.compile, fwd_model = False, model
+            elif args.moe_impl == "dense" and not oom:
+                log(f"dense MoE step failed ({exc!r}); falling back to HF forward ({unpatch_dense_moe(model)} blocks)")
+                args.moe_impl = "hf"
+            elif oom and args.batch_size > 8:
+                args.batch_size //= 2
+                tokens_per_step = args.batch_size * args.seq_len
+                log(f"out of memory; batch size -> {args.batch_size}")
+            else:
+                raise
+    else:
+        raise RuntimeError("first training step failed repeatedly")
+    log_step(1, lr_at(0, total_steps, args), lm, aux, loss, gnorm)
+    step = 1
+    while step < total_steps:
+        if args.steps <= 0 and time.time() >= deadline:
+            log(f"time budget reached at step {step}")
+            break
+        lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None else 10**9, args)
+        try:
+            lm, aux, loss, gnorm = train_step(lr)
+        except Exception as exc:  # noqa: BLE001 - keep what was trained: evaluate and save anyway
+            error = repr(exc)
+            log(f"training stopped by {error}")
+            break
         step += 1
         if args.steps <= 0 and step == 5:
             sync()
@@ -207,15 +268,16 @@ def main(argv: list[str] | None = None) -> int:
             total_steps = step + max(1, int((deadline - time.time()) / per_step * 0.98))
             log(f"calibrated: {per_step*1000:.1f} ms/step, {tokens_per_step/per_step/1e6:.2f}M tok/s "
                 f"-> schedule of {total_steps} steps ({total_steps*tokens_per_step/1e6:.0f}M tokens)")
-        if step % args.log_every == 0 or step == 1 or step == total_steps:
-            rec = {"step": step, "lr": lr, "lm_loss": lm.item(), "aux_loss": aux.item(), "loss": loss.item(),
-                   "grad_norm": float(gnorm), "elapsed_s": round(time.time() - T_START, 2),
-                   "tok_per_s": round((step - last_log_step) * tokens_per_step / max(1e-9, time.time() - t_log))}
-            t_log, last_log_step = time.time(), step
+        if args.eval_every and step % args.eval_every == 0 and step < total_steps:
+            quick = evaluate(model, arrays, domains, args, device, amp, max_windows=16)
+            rec = {"step": step, "eval_loss": {d: round(r["loss"], 4) for d, r in quick.items()}}
             log_fh.write(json.dumps(rec) + "\n")
-            log_fh.flush()
-            log(f"step {step:6d} lr {lr:.2e} lm {rec['lm_loss']:.4f} aux {rec['aux_loss']:.4f} "
-                f"gnorm {rec['grad_norm']:.2f} {rec['tok_per_s']/1e6:.2f}M tok/s")
+            log(f"eval@{step}: " + " ".join(f"{d}={r['loss']:.3f}" for d, r in quick.items()))
+            if args.steps <= 0 and t_calib is not None:  # re-size the schedule to the time really left
+                per_step = (time.time() - t_calib[0]) / (step - t_calib[1])
+                total_steps = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+        if step % args.log_every == 0 or step == total_steps:
+            log_step(step, lr, lm, aux, loss, gnorm)
     sync()
     train_s = time.time() - T_START
     log(f"trained {step} steps, {step * tokens_per_step / 1e6:.1f}M tokens")
@@ -226,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": step, "tokens_seen": step * tokens_per_step, "train_seconds": round(train_s, 1),
         "params": n_total, "active_params": n_active, "eval": ev, "args": {k: str(v) for k, v in vars(args).items()},
         "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
+        "moe_impl": args.moe_impl, "batch_size": args.batch_size, "error": error,
     }
     (args.out / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     log_fh.close()
