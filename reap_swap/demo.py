@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    step(f"model: {'building/reusing' if args.model is None else 'using'} ...")
     model = args.model or default_model(work)
     layout = layout_for(model)
     step(f"model {model}: {layout.num_moe_layers} MoE layers x {layout.num_experts} experts, top-{layout.top_k}, "

@@ -44,6 +44,12 @@ def main() -> None:
     # CUDA graph over a read of every logical expert through the routing table.
     x = torch.randn(1, H, dtype=torch.bfloat16, device=dev)
     static_out = torch.empty(E, 2 * I, dtype=torch.bfloat16, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up cuBLAS outside capture, as graph capture requires
+        for _ in range(3):
+            static_out.copy_(torch.einsum("eoh,h->eo", params["w13_weight"].data[phys.long()], x[0]))
+    torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         static_out.copy_(torch.einsum("eoh,h->eo", params["w13_weight"].data[phys.long()], x[0]))
