@@ -1,1 +1,1 @@
-"""classifier"""
+"""Predicts which specialist slices of a plan a prompt will need (sentence embedding + sklearn)."""

@@ -1,1 +1,1 @@
-"""proxy"""
+"""OpenAI-compatible routing proxy: embed -> classify -> swap -> forward (streaming) -> misses."""

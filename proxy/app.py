@@ -18,6 +18,7 @@ import logging
 import re
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -55,6 +56,7 @@ class ProxyConfig:
     swap_wait_s: float = 2.0
     hysteresis: float = 0.05
     policy: str = "union"
+    classify_threads: int = 0  # 0 = half the cores (the backend's workers busy-poll a core each)
 
 
 def _error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
@@ -70,6 +72,9 @@ class ReapProxy:
         self.backend: BackendClient | None = None
         self.coordinator: ResidencyCoordinator | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        # One dedicated thread for the embedder: OpenMP keeps one thread team per calling
+        # thread, so spreading calls over the default pool's threads oversubscribes the CPU.
+        self._classify_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reap-classify")
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.completions, methods=["POST"]),
@@ -91,9 +96,17 @@ class ReapProxy:
         self.backend = BackendClient(self.cfg.backend, self.cfg.control_token, self.cfg.backend_timeout_s)
         prior: dict[int, Any] = {}
         if self.cfg.classifier is not None:
-            self.classifier = await asyncio.to_thread(SliceClassifier.load, self.cfg.classifier, self.plan)
+            import os
+
+            import torch
+
+            # An OpenMP team that shares cores with vLLM's busy-polling workers stalls at its
+            # barriers (100+ ms per prompt measured on 2 cores); a small team does not.
+            torch.set_num_threads(self.cfg.classify_threads or max(1, min(4, (os.cpu_count() or 2) // 2)))
+            loop = asyncio.get_running_loop()
+            self.classifier = await loop.run_in_executor(self._classify_pool, SliceClassifier.load, self.cfg.classifier, self.plan)
             prior = {layer: self.classifier.expert_prior[i] for i, layer in enumerate(self.classifier.layout.layer_ids)}
-            await asyncio.to_thread(self.classifier.select, "warm up the embedder")
+            await loop.run_in_executor(self._classify_pool, self.classifier.select, "warm up the embedder")
         self.coordinator = ResidencyCoordinator(self.backend, ResidencyPolicy(self.plan, self.cfg.hysteresis, self.cfg.policy), prior, self.cfg.swap_wait_s)
         try:
             await self.coordinator.sync()
@@ -103,6 +116,7 @@ class ReapProxy:
         for task in list(self._tasks):
             task.cancel()
         await self.backend.aclose()
+        self._classify_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return _error(404, f"no route {request.method} {request.url.path}", "not_found")
@@ -151,7 +165,7 @@ class ReapProxy:
         info: dict[str, Any] = {"prompt_chars": len(text or ""), "classified": False}
         if text and self.classifier is not None:
             try:
-                sel = await asyncio.to_thread(self.classifier.select, text)
+                sel = await asyncio.get_running_loop().run_in_executor(self._classify_pool, self.classifier.select, text)
                 info.update(classified=True, embed_ms=sel.embed_ms, predict_ms=sel.predict_ms,
                             chosen_slices={f"layer_{k}": v for k, v in sorted(sel.slices.items())},
                             slice_scores={f"layer_{k}": [round(x, 5) for x in v] for k, v in sorted(sel.scores.items())})

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hysteresis", type=float, default=0.05, help="keep the resident set if it captures >= 1-h of the target's score")
     p.add_argument("--policy", choices=["union", "latest"], default="union",
                    help="union: scored union of in-flight requests' sets (default); latest: each request installs its own")
+    p.add_argument("--classify-threads", type=int, default=0, help="torch threads for embedding (0: half the cores)")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
 
     cfg = ProxyConfig(
         backend=a.backend, plan=a.plan, classifier=a.classifier, control_token=a.control_token, proxy_key=a.proxy_key,
-        max_body_bytes=a.max_body_bytes, backend_timeout_s=a.backend_timeout, swap_wait_s=a.swap_wait, hysteresis=a.hysteresis, policy=a.policy,
+        max_body_bytes=a.max_body_bytes, backend_timeout_s=a.backend_timeout, swap_wait_s=a.swap_wait, hysteresis=a.hysteresis, policy=a.policy, classify_threads=a.classify_threads,
     )
     uvicorn.run(ReapProxy(cfg).app, host=a.host, port=a.port, log_level=a.log_level, lifespan="on")
     return 0

@@ -111,11 +111,3 @@ def tokenize_corpus(out: Path, vocab_size: int = 8192, export: Path | None = Non
         print(f"[tokenize] exported to {export}", flush=True)
     return meta
 
-
-def load_packed(path: Path) -> tuple[dict[str, np.ndarray], dict]:
-    """Read ``moe_data.npz.xz`` (or a plain .npz): arrays by name and the meta header."""
-    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
-    with np.load(io.BytesIO(raw)) as z:
-        arrays = {k: z[k] for k in z.files}
-    meta = json.loads(arrays.pop("meta_json").tobytes())
-    return arrays, meta
