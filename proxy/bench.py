@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -143,7 +144,11 @@ def main(argv: list[str]) -> int:
                 "latest (classifier, naive)": ("--classifier", str(a.classifier), "--policy", "latest"),
                 "static (no classifier)": ()}
         result["concurrency"] = {}
+        core = {f"layer_{i}": list(lp.core) for i, lp in load_plan(a.plan).layers.items()}
         for name, extra in arms.items():
+            # every arm starts from the same backend state: only the core resident
+            httpx.post(backend.url + "/swap_active_set", json={"request_id": f"bench-reset-{name.split()[0]}", "phase": "prefill",
+                                                              "active_set": core}, timeout=60).raise_for_status()
             with proxy(*extra) as px:
                 result["concurrency"][name] = concurrency(px.url, str(a.model), prompts, a.clients, a.per_client, a.max_tokens, name.split()[0])
     o = result["overhead"]

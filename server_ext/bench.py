@@ -28,6 +28,7 @@ from reap_swap.models.families import layout_for
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
 
+IDLE_S = 1.5
 PROMPT = "def merge_sorted(a, b):\n    result = []\n    i = j = 0\n"
 
 
@@ -40,7 +41,11 @@ def _timed_completion(client: httpx.Client, url: str, model: str, tokens: int) -
 
 def _decode_tps(client: httpx.Client, url: str, model: str, tokens: int) -> float:
     """Tokens per second of a batch-1 greedy generation of ``tokens`` tokens (short prompt, so
-    prefill is a negligible share); the median of three requests resists this box's noise."""
+    prefill is a negligible share); the median of three requests resists this box's noise.
+
+    vLLM workers busy-poll their queue for 1 s after each step; the pause lets the other
+    server's worker go idle so the two arms do not share cores with it."""
+    time.sleep(IDLE_S)
     times = sorted(_timed_completion(client, url, model, tokens) for _ in range(3))
     return tokens / times[1]
 
