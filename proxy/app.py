@@ -265,7 +265,8 @@ class ReapProxy:
         assert self.backend is not None
         try:
             self._check_key(request)
-            upstream = await self.backend.open_stream("GET", request.url.path, forward_headers(dict(request.headers), "models"), None)
+            headers = forward_headers(dict(request.headers), self._request_id(request))
+            upstream = await self.backend.open_stream("GET", request.url.path, headers, None)
         except HTTPError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         except httpx.TimeoutException:

@@ -54,7 +54,7 @@ class ProxyStats:
             self.swap_status[swap["status"]] += 1
         self.bytes_copied += int(swap.get("bytes_copied", 0))
         self.experts_loaded += int(swap.get("experts_loaded", 0))
-        for layer, slices in (record.get("chosen_slices") or {}).items():
+        for slices in (record.get("chosen_slices") or {}).values():
             for sid in slices:
                 self.slice_use[sid] += 1
         for name in ("overhead_ms", "classify_ms", "swap_wait_ms", "total_ms"):

@@ -98,7 +98,7 @@ class ExpertBank:
         host_offset = backing.host_row_offset(num_slots, list(self.row_bytes.values()))
         self.table = SlotTable(num_experts, num_slots, host_offset)
         with torch.no_grad():
-            for name, p in params.items():
+            for p in params.values():
                 phys = backing.allocate(num_slots, host_offset, num_experts, tuple(p.shape[1:]), p.dtype)
                 phys[host_offset:].copy_(p.data)
                 phys[:host_offset].zero_()

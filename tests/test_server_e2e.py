@@ -8,7 +8,6 @@ against an independent recomputation from HF transformers' router logits.
 from __future__ import annotations
 
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
