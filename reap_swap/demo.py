@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from .planning.observe import observe
     from .planning.planner import PlanParams, build_plan
     from .planning.report import write_report
-    from .selection import select_layer
+    from .planning import coverage as cov
 
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -105,9 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     print(format_table(evaluation), flush=True)
     core = {layer: list(lp.core) for layer, lp in plan.layers.items()}
-    share = obs.mass_share().mean(axis=0)
-    static = {layer: select_layer(lp, [float(share[li][list(s.experts)].sum()) for s in lp.slices], share[li])[0]
-              for li, (layer, lp) in enumerate(sorted(plan.layers.items()))}
+    static_strategy = cov.static_best(plan, obs.layer_ids, obs.mass_share())
+    static = {layer: static_strategy(0, li) for li, layer in enumerate(obs.layer_ids)}
     bport, pport = free_port(), free_port()
     backend = ServerProcess(reap_swap_argv("serve", "--model", str(model), "--plan", str(plan_path), "--port", str(bport),
                                            "--max-model-len", "2048", "--no-enable-prefix-caching"),
