@@ -119,6 +119,16 @@ class ExpertBank:
     def expert_bytes(self) -> int:
         return sum(self.row_bytes.values())
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of the slot region (device memory on CUDA), padding rows included."""
+        return self.table.host_row_offset * self.expert_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the host rows (pinned host memory on CUDA)."""
+        return self.num_experts * self.expert_bytes
+
     def resident(self) -> tuple[int, ...]:
         return self.table.resident()
 

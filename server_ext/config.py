@@ -25,6 +25,7 @@ ENV_CARTRIDGE_DIR = "REAP_CARTRIDGE_DIR"
 ENV_VALIDATE_ONLY = "REAP_SWAP_VALIDATE_ONLY"
 ENV_LEDGER = "REAP_MISS_LEDGER_SIZE"
 ENV_MAX_BODY = "REAP_MAX_BODY_BYTES"
+ENV_ACCOUNTING = "REAP_MISS_ACCOUNTING"
 
 
 class ResidencyConfigError(ValueError):
@@ -43,6 +44,7 @@ class ResidencyConfig:
     validate_only: bool
     ledger_size: int
     max_body_bytes: int
+    accounting: bool = True  # per-request router-miss sums; "0" only to diagnose its cost
 
     @property
     def enabled(self) -> bool:
@@ -140,4 +142,16 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         validate_only=env.get(ENV_VALIDATE_ONLY, "0") == "1",
         ledger_size=_int_env(env, ENV_LEDGER, 1024, 1) or 1024,
         max_body_bytes=_int_env(env, ENV_MAX_BODY, 1 << 20, 1024) or (1 << 20),
+        accounting=_bool_env(env, ENV_ACCOUNTING, True),
     )
+
+
+def _bool_env(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    if raw in ("0", "false", "off", "no"):
+        return False
+    raise ResidencyConfigError(f"{name} must be 0 or 1, got {raw!r}")

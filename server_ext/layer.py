@@ -7,10 +7,10 @@ their runtime format, the layer turns its per-expert parameters into an
 ``ExpertBank`` (slot rows + host rows). Its forward pass is tensor-only, so
 it runs under torch.compile and CUDA graphs:
 
-1. copy the routing (ids and gate weights) into fixed capture buffers, which
-   the worker attributes to requests after the step (router-miss accounting);
-2. remap logical expert ids to physical rows with a fixed-shape table;
-3. call the stock fused-MoE path unchanged.
+1. one kernel maps logical expert ids to physical bank rows and writes each
+   routed pair (hit or miss, gate weight) to this layer's rows of the routing
+   arena, which the worker accumulates per request after the step;
+2. the stock fused-MoE path runs unchanged on the remapped ids.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from vllm.config import get_current_vllm_config
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from . import config as reap_config
+from .arena import arena_for
 from .bank import ExpertBank, PlainBacking
+from .routing_kernels import remap_and_capture
 
 logger = logging.getLogger("reap_swap.server_ext")
 
@@ -59,11 +61,20 @@ class ResidentRoutedExperts(RoutedExperts):
             return
         if self.use_ep or self.local_num_experts != self.global_num_experts:
             raise reap_config.ResidencyConfigError("expert-granular residency does not support expert parallelism")
-        max_tokens = int(get_current_vllm_config().scheduler_config.max_num_batched_tokens)
-        top_k = int(self.top_k)
+        vllm_config = get_current_vllm_config()
+        sched = vllm_config.scheduler_config
+        self.reap_max_tokens = int(sched.max_num_batched_tokens)
+        num_layers = getattr(vllm_config.model_config.hf_text_config, "num_hidden_layers", None)
+        if not isinstance(num_layers, int) or num_layers <= self.reap_layer_id:
+            raise reap_config.ResidencyConfigError(f"cannot size the routing arena: num_hidden_layers={num_layers!r}")
+        # One slot per schedulable request plus a few for requests whose sums are being read back.
+        arena = arena_for(vllm_config, num_layers, self.reap_max_tokens, int(self.top_k), self.global_num_experts, int(sched.max_num_seqs) + 8)
+        arena.check_layer(self.reap_layer_id, int(self.top_k), self.global_num_experts)
+        self.reap_arena = arena
+        self.reap_codes = arena.codes[self.reap_layer_id]
+        self.reap_weights = arena.weights[self.reap_layer_id]
+        self.reap_host_offset = self.global_num_experts
         self.register_buffer("reap_phys_map", torch.arange(self.global_num_experts, dtype=torch.int32), persistent=False)
-        self.register_buffer("reap_capture_ids", torch.zeros(max_tokens, top_k, dtype=torch.int32), persistent=False)
-        self.register_buffer("reap_capture_w", torch.zeros(max_tokens, top_k, dtype=torch.float32), persistent=False)
         hook = self.quant_method.process_weights_after_loading
 
         def process_then_build(layer: torch.nn.Module) -> None:
@@ -89,18 +100,21 @@ class ResidentRoutedExperts(RoutedExperts):
         device = next(iter(params.values())).device
         self.reap_bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, make_backing(device))
         start = cfg.start_resident(self.reap_layer_id, self.global_num_experts, self.reap_slots)
+        self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
         if device.type == "cuda":
             # The fused kernels size their expert histograms from this count.
             self.global_num_experts = self.reap_bank.table.physical_rows
-        logger.info(
-            "reap-swap layer %d: %d slots + %d host rows (%s), %d resident at start (%d bytes)",
+        logger.debug(
+            "reap-swap layer %d: %d slots (%d rows, %.3f GiB) + %d host rows (%.3f GiB, %s), %d resident at start",
             self.reap_layer_id,
             self.reap_slots,
+            self.reap_bank.table.host_row_offset,
+            self.reap_bank.slot_bytes / 2**30,
             self.reap_bank.num_experts,
+            self.reap_bank.host_bytes / 2**30,
             self.reap_bank.backing.name,
             len(start),
-            stats.bytes_copied,
         )
 
     def forward_modular(
@@ -112,11 +126,11 @@ class ResidentRoutedExperts(RoutedExperts):
         shared_experts_input: torch.Tensor | None = None,
     ) -> Any:
         if self.reap_bank is not None:
-            n = topk_ids.shape[0]
-            self.reap_capture_ids[:n].copy_(topk_ids)
-            self.reap_capture_w[:n].copy_(topk_weights)
-            phys = torch.index_select(self.reap_phys_map, 0, topk_ids.reshape(-1).to(torch.int64))
-            topk_ids = phys.view(topk_ids.shape).to(topk_ids.dtype)
+            if topk_ids.shape[0] > self.reap_max_tokens:
+                raise RuntimeError(f"{topk_ids.shape[0]} tokens in one step exceed max_num_batched_tokens={self.reap_max_tokens}")
+            topk_ids = remap_and_capture(
+                topk_ids, topk_weights, self.reap_phys_map, self.reap_host_offset, self.reap_codes, self.reap_weights
+            )
         return super().forward_modular(
             x=x,
             topk_weights=topk_weights,

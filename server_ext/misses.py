@@ -1,7 +1,8 @@
 """Router-miss ledger: gate mass that went to non-resident experts, per request.
 
-Fed once per forward step with sums the worker computed from the real
-routing (``capture.py``); read by ``/router_misses/{id}``. Pure numpy, so the
+Fed with per-request sums the worker accumulated on the device from the real
+routing (``accounting.py``), when a request finishes or a report is asked
+for; read by ``/router_misses/{id}``. Pure numpy, so the
 arithmetic and the request-id matching are tested without vLLM.
 
 Request ids: a client's ``X-Request-Id: abc`` becomes ``cmpl-abc-0-1a2b3c4d``
@@ -84,6 +85,20 @@ class MissLedger:
         self._total = RequestMisses.zeros(len(layer_ids), num_experts)
         self.evicted = 0
 
+    def add(self, request_id: str, misses: RequestMisses) -> None:
+        """Book routing accumulated for one engine request (one or more steps)."""
+        entry = self._requests.get(request_id)
+        if entry is None:
+            entry = RequestMisses.zeros(len(self.layer_ids), self.num_experts)
+            self._requests[request_id] = entry
+        else:
+            self._requests.move_to_end(request_id)
+        entry.add(misses)
+        self._total.add(misses)
+        while len(self._requests) > self.max_requests:
+            self._requests.popitem(last=False)
+            self.evicted += 1
+
     def record_step(
         self,
         request_ids: list[str],
@@ -98,26 +113,18 @@ class MissLedger:
         if expert_mass is None:
             expert_mass = np.zeros(hits.shape)
         for r, rid in enumerate(request_ids):
-            step = RequestMisses(
-                observed[:, r].astype(np.float64),
-                inactive[:, r].astype(np.float64),
-                hits[:, r].astype(np.int64),
-                miss_hits[:, r].astype(np.int64),
-                expert_mass[:, r].astype(np.float64),
-                int(tokens[r]),
-                1,
+            self.add(
+                rid,
+                RequestMisses(
+                    observed[:, r].astype(np.float64),
+                    inactive[:, r].astype(np.float64),
+                    hits[:, r].astype(np.int64),
+                    miss_hits[:, r].astype(np.int64),
+                    expert_mass[:, r].astype(np.float64),
+                    int(tokens[r]),
+                    1,
+                ),
             )
-            entry = self._requests.get(rid)
-            if entry is None:
-                entry = RequestMisses.zeros(len(self.layer_ids), self.num_experts)
-                self._requests[rid] = entry
-            else:
-                self._requests.move_to_end(rid)
-            entry.add(step)
-            self._total.add(step)
-        while len(self._requests) > self.max_requests:
-            self._requests.popitem(last=False)
-            self.evicted += 1
 
     def engine_ids_for(self, client_id: str) -> list[str]:
         if client_id == ALL_REQUESTS:

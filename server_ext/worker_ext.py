@@ -5,8 +5,8 @@ registers ``ResidentRoutedExperts``; the methods below become callable
 through ``collective_rpc`` and run between forward steps. ``reap_install``
 (called once by the control plane at server start-up) finds the layers'
 expert banks and wraps this worker's model-runner ``execute_model`` on the
-instance, so that after every real step the captured routing is attributed
-to the requests of that step.
+instance, so that after every real step the captured routing is added to the
+per-request sums on the device (``accounting.py``), without waiting for it.
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import deque
 from typing import Any
 
-import torch
-
 from . import config as reap_config
+from .accounting import RoutingAccounting
 from .bank import ExpertBank, SwapStats
-from .capture import StepLayout, attribute_step_device, batch_layout
+from .capture import batch_layout
 from .layer import ResidentRoutedExperts
 from .misses import MissLedger
 
@@ -29,29 +27,37 @@ logger = logging.getLogger("reap_swap.server_ext")
 
 
 class WorkerResidency:
-    """All expert banks of one worker plus its router-miss ledger."""
+    """All expert banks of one worker plus its router-miss accounting and ledger."""
 
-    def __init__(self, layers: list[ResidentRoutedExperts], ledger_size: int):
+    def __init__(self, layers: list[ResidentRoutedExperts], ledger_size: int, accounting: bool = True):
         self.layers = sorted(layers, key=lambda m: m.reap_layer_id)
         self.banks: dict[int, ExpertBank] = {m.reap_layer_id: m.reap_bank for m in self.layers if m.reap_bank}
         first = next(iter(self.banks.values()))
         self.num_experts = first.num_experts
         self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size)
         self.device = first.phys_map.device
-        self._mask: torch.Tensor | None = None
+        self.accounting = RoutingAccounting(self.layers[0].reap_arena, list(self.banks), self.ledger)
+        self.accounting.enabled = accounting
         self.steps_attributed = 0
         self.steps_unattributed = 0
-        # CUDA: a step's sums are copied to pinned host memory without a sync and booked
-        # once their event has completed, so accounting never stalls the next step.
-        self._pending: deque[tuple[StepLayout, dict[str, torch.Tensor], Any]] = deque()
-
-    def resident_mask(self) -> torch.Tensor:
-        if self._mask is None:
-            self._mask = torch.stack([b.resident_mask() for b in self.banks.values()]).to(self.device)
-        return self._mask
 
     def resident_sets(self) -> dict[str, list[int]]:
         return {f"layer_{i}": list(b.resident()) for i, b in self.banks.items()}
+
+    def memory(self) -> dict[str, Any]:
+        """What residency costs, by kind of memory (vLLM's "Model loading took" omits the VMM bank)."""
+        slot = sum(b.slot_bytes for b in self.banks.values())
+        host = sum(b.host_bytes for b in self.banks.values())
+        on_cuda = self.device.type == "cuda"
+        return {
+            "slot_bank_gib": slot / 2**30,
+            "slot_bank_memory": "device (CUDA VMM, counted by vLLM's memory profile)" if on_cuda else "host RAM",
+            "host_bank_gib": host / 2**30,
+            "host_bank_memory": "pinned host (CUDA VMM, mapped for the GPU)" if on_cuda else "host RAM",
+            "routing_arena_mib": self.layers[0].reap_arena.nbytes / 2**20,
+            "accounting_pinned_mib": self.accounting.pinned_bytes / 2**20,
+            "request_slots": self.layers[0].reap_arena.request_slots,
+        }
 
     def describe(self) -> dict[str, Any]:
         any_bank = next(iter(self.banks.values()))
@@ -62,43 +68,28 @@ class WorkerResidency:
             "expert_bytes": any_bank.expert_bytes,
             "backing": any_bank.backing.name,
             "device": str(self.device),
+            "memory": self.memory(),
+            "accounting": self.accounting.enabled,
             "resident": self.resident_sets(),
         }
 
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
-        layout = batch_layout(runner, scheduler_output)
-        if layout is None or layout.total == 0:
+        acct = self.accounting
+        finished = getattr(scheduler_output, "finished_req_ids", None)
+        if acct.enabled:
+            layout = batch_layout(runner, scheduler_output)
             if layout is None:
                 self.steps_unattributed += 1
-            return
-        sums = attribute_step_device(
-            [m.reap_capture_ids for m in self.layers if m.reap_bank],
-            [m.reap_capture_w for m in self.layers if m.reap_bank],
-            self.resident_mask(),
-            layout,
-        )
-        if self.device.type == "cuda":
-            host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True) for k, v in sums.items()}
-            event = torch.cuda.Event()
-            event.record()
-            self._pending.append((layout, host, event))
-            self.flush(block=False)
-        else:
-            self._book(layout, sums)
+            elif layout.total:
+                acct.record_step(layout)
+                self.steps_attributed += 1
+        if finished:
+            acct.finish(finished)
+        acct.poll()
 
-    def _book(self, layout: StepLayout, sums: dict[str, torch.Tensor]) -> None:
-        s = {k: v.numpy() for k, v in sums.items()}
-        self.ledger.record_step(
-            layout.request_ids, s["tokens"], s["observed"], s["inactive"], s["hits"], s["miss_hits"], s["expert_mass"]
-        )
-        self.steps_attributed += 1
-
-    def flush(self, block: bool = True) -> None:
-        """Book finished steps (all of them when ``block``)."""
-        while self._pending and (block or self._pending[0][2].query()):
-            layout, host, event = self._pending.popleft()
-            event.synchronize()
-            self._book(layout, host)
+    def flush(self) -> None:
+        """Book every request's sums so far into the ledger (blocks; for reports only)."""
+        self.accounting.flush()
 
     def swap(self, target: dict[str, list[int]]) -> dict[str, Any]:
         wanted: dict[int, tuple[int, ...]] = {}
@@ -113,7 +104,6 @@ class WorkerResidency:
         t0 = time.perf_counter()
         for layer, ids in sorted(wanted.items()):
             total.add(self.banks[layer].swap(ids))
-        self._mask = None
         return {
             "experts_loaded": total.experts_loaded,
             "experts_evicted": total.experts_evicted,
@@ -156,9 +146,21 @@ class ReapWorkerExtension:
             if not layers:
                 raise RuntimeError("no MoE layer has an expert bank: is REAP_PLAN_FILE or REAP_RESIDENT_EXPERTS_PER_LAYER set?")
             cfg = reap_config.from_env()
-            self.reap_runtime = WorkerResidency(layers, cfg.ledger_size)
+            self.reap_runtime = WorkerResidency(layers, cfg.ledger_size, cfg.accounting)
             _wrap_execute_model(self, self.reap_runtime)
-            logger.info("reap-swap: residency installed on %d MoE layers", len(layers))
+            mem = self.reap_runtime.memory()
+            logger.info(
+                "reap-swap: residency on %d MoE layers; slot banks %.2f GiB (%s), host bank %.2f GiB (%s), "
+                "routing arena %.1f MiB, accounting %s (%.1f MiB pinned)",
+                len(layers),
+                mem["slot_bank_gib"],
+                mem["slot_bank_memory"],
+                mem["host_bank_gib"],
+                mem["host_bank_memory"],
+                mem["routing_arena_mib"],
+                "on" if cfg.accounting else "off",
+                mem["accounting_pinned_mib"],
+            )
         return self.reap_runtime.describe()
 
     def _reap(self) -> WorkerResidency:
@@ -173,6 +175,12 @@ class ReapWorkerExtension:
         state["steps_attributed"] = rt.steps_attributed
         state["steps_unattributed"] = rt.steps_unattributed
         state["ledger_evicted"] = rt.ledger.evicted
+        state["accounting_stats"] = {
+            "steps_recorded": rt.accounting.steps_recorded,
+            "steps_skipped": rt.accounting.steps_skipped,
+            "drains": rt.accounting.drains,
+            "live_request_slots": len(rt.accounting.slots),
+        }
         return state
 
     def reap_swap(self, target: dict[str, list[int]]) -> dict[str, Any]:
@@ -187,8 +195,16 @@ class ReapWorkerExtension:
         return report
 
     def reap_reset_router_stats(self) -> int:
-        self._reap().flush()
-        return self._reap().ledger.reset("__all__")
+        rt = self._reap()
+        rt.flush()
+        return rt.ledger.reset("__all__")
+
+    def reap_set_accounting(self, enabled: bool) -> bool:
+        """Diagnosis switch: with accounting off, steps add nothing to the miss ledger."""
+        rt = self._reap()
+        rt.flush()
+        rt.accounting.enabled = bool(enabled)
+        return rt.accounting.enabled
 
     def reap_verify(self) -> dict[str, list[int]]:
         """Resident experts whose slot bytes differ from their host copy (must be empty)."""

@@ -1,0 +1,157 @@
+"""Router-miss accounting that never stops the GPU: sums stay on the device per request slot.
+
+After each step, one kernel adds every captured (token, k) pair of every
+banked layer to its request's slot in ``arena.acc`` (``routing_kernels``).
+The host work per step is building the step's token-row -> slot map and one
+asynchronous copy of it from a pinned ring buffer; nothing waits for the GPU.
+A slot is read back (``drain``) only when its request finishes, when its slot
+is needed by another request, or when a report is asked for: an asynchronous
+copy into pinned memory plus an event, booked into the ``MissLedger`` once
+the event has completed (checked without blocking after each step; a report
+blocks until everything is booked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+from .arena import RoutingArena
+from .capture import StepLayout
+from .misses import MissLedger, RequestMisses
+from .request_slots import RequestSlots
+from .routing_kernels import MASS, MISSED, MISSED_MASS, ROUTED, accumulate_step
+
+_STAGE_RING = 8
+
+
+@dataclass
+class _Drain:
+    request_id: str
+    tokens: int
+    steps: int
+    event: Any  # torch.cuda.Event
+
+
+class RoutingAccounting:
+    def __init__(self, arena: RoutingArena, layer_rows: list[int], ledger: MissLedger):
+        self.arena = arena
+        self.device = arena.acc.device
+        self.cuda = self.device.type == "cuda"
+        self.layer_rows = list(layer_rows)
+        self._layer_rows_dev = torch.tensor(self.layer_rows, dtype=torch.int32, device=self.device)
+        self.ledger = ledger
+        self.slots = RequestSlots(arena.request_slots)
+        self.enabled = True
+        self.steps_recorded = 0
+        self.steps_skipped = 0
+        self.drains = 0
+        self._tally: dict[str, list[int]] = {}  # request -> [tokens, steps] since its last drain
+        self._pending: dict[int, _Drain] = {}  # slot -> drain whose copy may still be in flight
+        self._ring = 0
+        if self.cuda:
+            self._stage = torch.zeros(_STAGE_RING, arena.max_tokens, dtype=torch.int32, pin_memory=True)
+            self._stage_events = [torch.cuda.Event() for _ in range(_STAGE_RING)]
+            self._mirror = torch.zeros(arena.acc.shape, dtype=arena.acc.dtype, pin_memory=True)
+
+    @property
+    def pinned_bytes(self) -> int:
+        if not self.cuda:
+            return 0
+        return self._stage.numel() * self._stage.element_size() + self._mirror.numel() * self._mirror.element_size()
+
+    def record_step(self, layout: StepLayout) -> None:
+        """Queue the accumulation of the step that just ran (its capture rows are in the arena)."""
+        t = layout.total
+        if not self.enabled or t == 0:
+            return
+        if t > self.arena.max_tokens:
+            self.steps_skipped += 1
+            return
+        slots = np.empty(len(layout.request_ids), dtype=np.int32)
+        for i, (rid, n) in enumerate(zip(layout.request_ids, layout.num_tokens)):
+            slot, evicted = self.slots.acquire(rid)
+            if evicted is not None:  # its sums are copied out before this step's are added
+                self._drain(*evicted)
+            slots[i] = slot
+            tally = self._tally.setdefault(rid, [0, 0])
+            tally[0] += int(n)
+            tally[1] += 1
+        rows = torch.from_numpy(np.repeat(slots, layout.num_tokens))
+        if self.cuda:
+            i = self._ring = (self._ring + 1) % _STAGE_RING
+            self._stage_events[i].synchronize()  # the copy issued _STAGE_RING steps ago; long done
+            self._stage[i, :t].copy_(rows)
+            self.arena.row_slot[:t].copy_(self._stage[i, :t], non_blocking=True)
+            self._stage_events[i].record()
+        else:
+            self.arena.row_slot[:t].copy_(rows)
+        accumulate_step(self.arena.codes, self.arena.weights, self._layer_rows_dev, self.arena.row_slot, t, self.arena.acc)
+        self.steps_recorded += 1
+
+    def finish(self, request_ids: Iterable[str]) -> None:
+        """Read back the slots of requests vLLM reports finished."""
+        for rid in request_ids:
+            slot = self.slots.release(rid)
+            if slot is not None:
+                self._drain(rid, slot)
+
+    def poll(self) -> None:
+        """Book drains whose copies have landed; never blocks."""
+        for slot, d in list(self._pending.items()):
+            if d.event.query():
+                self._book_slot(slot)
+
+    def flush(self) -> None:
+        """Book everything so far, live requests included (blocks; for reports, not per step)."""
+        for rid, slot in self.slots.live():
+            self._drain(rid, slot)
+        for slot in list(self._pending):
+            self._book_slot(slot)
+
+    def reset(self) -> None:
+        """Forget all sums, on the device and in flight (the ledger is reset by its owner)."""
+        for slot in list(self._pending):
+            self._pending[slot].event.synchronize()
+            del self._pending[slot]
+        self.arena.acc.zero_()
+        self._tally.clear()
+
+    def _drain(self, request_id: str, slot: int) -> None:
+        tokens, steps = self._tally.pop(request_id, (0, 0))
+        self.drains += 1
+        if not self.cuda:
+            sums = self.arena.acc[slot].numpy().copy()
+            self.arena.acc[slot].zero_()
+            self._book(request_id, sums, tokens, steps)
+            return
+        if slot in self._pending:  # the mirror row is about to be reused
+            self._book_slot(slot)
+        self._mirror[slot].copy_(self.arena.acc[slot], non_blocking=True)
+        self.arena.acc[slot].zero_()
+        event = torch.cuda.Event()
+        event.record()
+        self._pending[slot] = _Drain(request_id, tokens, steps, event)
+
+    def _book_slot(self, slot: int) -> None:
+        d = self._pending.pop(slot)
+        d.event.synchronize()
+        self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps)
+
+    def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int) -> None:
+        s = sums[self.layer_rows].astype(np.float64)  # [L, COMPONENTS, E]
+        self.ledger.add(
+            request_id,
+            RequestMisses(
+                observed=s[:, MASS].sum(axis=1),
+                inactive=s[:, MISSED_MASS].sum(axis=1),
+                hits=np.rint(s[:, ROUTED]).astype(np.int64),
+                miss_hits=np.rint(s[:, MISSED]).astype(np.int64),
+                expert_mass=s[:, MASS].copy(),
+                tokens=tokens,
+                steps=steps,
+            ),
+        )

@@ -1,0 +1,71 @@
+"""Device buffers shared by every banked MoE layer of one model: the routing capture rows
+and the per-request accumulators.
+
+The layers write their capture rows inside CUDA graphs, so the buffers must
+exist, at fixed addresses, before vLLM captures the graphs: the first layer
+built creates the arena and the others join it. That happens while vLLM
+builds the model, so vLLM's memory profile sees these bytes. Keyed by the
+vLLM config object, the one thing all layers of a model share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .routing_kernels import COMPONENTS
+
+
+@dataclass
+class RoutingArena:
+    codes: torch.Tensor  # [arena layers, max_tokens, K] int32: expert id, or -1 - id when read from the host bank
+    weights: torch.Tensor  # [arena layers, max_tokens, K] float32 gate weights
+    acc: torch.Tensor  # [request slots, arena layers, COMPONENTS, experts] float32
+    row_slot: torch.Tensor  # [max_tokens] int32: request slot of each token row of the last step
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.codes.shape[0])
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def request_slots(self) -> int:
+        return int(self.acc.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.weights, self.acc, self.row_slot))
+
+    def check_layer(self, layer_id: int, top_k: int, num_experts: int) -> None:
+        if not 0 <= layer_id < self.num_layers:
+            raise ValueError(f"MoE layer {layer_id} is outside the routing arena's {self.num_layers} layers")
+        if top_k != self.codes.shape[2] or num_experts != self.acc.shape[3]:
+            raise ValueError(
+                f"MoE layer {layer_id}: top-k {top_k} / {num_experts} experts differ from the model's "
+                f"{self.codes.shape[2]} / {self.acc.shape[3]}; mixed MoE shapes are not supported"
+            )
+
+
+def new_arena(num_layers: int, max_tokens: int, top_k: int, num_experts: int, request_slots: int, device: torch.device | None = None) -> RoutingArena:
+    return RoutingArena(
+        codes=torch.zeros(num_layers, max_tokens, top_k, dtype=torch.int32, device=device),
+        weights=torch.zeros(num_layers, max_tokens, top_k, dtype=torch.float32, device=device),
+        acc=torch.zeros(request_slots, num_layers, COMPONENTS, num_experts, dtype=torch.float32, device=device),
+        row_slot=torch.zeros(max_tokens, dtype=torch.int32, device=device),
+    )
+
+
+# Registry: one arena per model being built in this process (key: id of its vLLM config).
+_ARENAS: dict[int, RoutingArena] = {}
+
+
+def arena_for(owner: object, num_layers: int, max_tokens: int, top_k: int, num_experts: int, request_slots: int) -> RoutingArena:
+    """The arena of ``owner``'s model, created (on torch's current default device) by the first layer."""
+    arena = _ARENAS.get(id(owner))
+    if arena is None:
+        arena = _ARENAS[id(owner)] = new_arena(num_layers, max_tokens, top_k, num_experts, request_slots)
+    return arena
