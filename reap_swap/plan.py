@@ -89,7 +89,11 @@ def canonical_sha256(data: Any) -> str:
 def layer_index(key: str) -> int | None:
     """``"layer_7"`` or ``"7"`` -> 7; anything else -> None."""
     text = key[len(LAYER_PREFIX) :] if key.startswith(LAYER_PREFIX) else key
-    return int(text) if text.isdigit() else None
+    # ASCII digits only ("²".isdigit() is True, int("²") raises) and a sane length
+    # (int() of a 5000-digit string raises too): untrusted keys must never reach int() unchecked.
+    if not (0 < len(text) <= 6 and text.isascii() and text.isdigit()):
+        return None
+    return int(text)
 
 
 def _int_list(value: Any, where: str, num_experts: int, problems: list[str]) -> tuple[int, ...]:

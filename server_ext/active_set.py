@@ -105,22 +105,23 @@ def parse_swap_request(
     if not isinstance(payload, Mapping):
         raise PayloadError("request body must be a JSON object", "invalid_body")
     known = {"request_id", "phase", "active_set", "budget_bytes", "allow_missing_core", "reset_router_stats"}
-    unknown = sorted(set(payload) - known)
+    unknown = [str(k)[:64] for k in payload if k not in known][:5]
     if unknown:
-        raise PayloadError(f"unknown field(s): {', '.join(unknown)}", "unknown_field", unknown[0])
+        raise PayloadError(f"unknown field(s): {', '.join(sorted(unknown))}", "unknown_field", sorted(unknown)[0])
 
     request_id = payload.get("request_id")
+    if isinstance(request_id, str) and len(request_id) > MAX_REQUEST_ID_LEN:
+        raise PayloadError(f"'request_id' longer than {MAX_REQUEST_ID_LEN} characters", "invalid_value", "request_id")
     if not isinstance(request_id, str) or not request_id.strip():
         raise PayloadError("'request_id' is required and must be a non-empty string", "missing_field", "request_id")
-    if len(request_id) > MAX_REQUEST_ID_LEN:
-        raise PayloadError(f"'request_id' longer than {MAX_REQUEST_ID_LEN} characters", "invalid_value", "request_id")
 
     phase = payload.get("phase", "prefill" if warm else None)
-    if phase not in PHASES:
-        raise PayloadError(f"'phase' must be one of {list(PHASES)}, got {phase!r}", "invalid_phase", "phase")
+    if not isinstance(phase, str) or phase not in PHASES:
+        shown = phase if isinstance(phase, str) and len(phase) <= 32 else type(phase).__name__
+        raise PayloadError(f"'phase' must be one of {list(PHASES)}, got {shown!r}", "invalid_phase", "phase")
 
     budget_bytes = payload.get("budget_bytes", 0)
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or not 0 <= budget_bytes < 1 << 62:
         raise PayloadError("'budget_bytes' must be an integer >= 0", "invalid_value", "budget_bytes")
     allow_missing_core = _bool_field(payload, "allow_missing_core")
     reset_stats = _bool_field(payload, "reset_router_stats")
@@ -130,48 +131,56 @@ def parse_swap_request(
     active = payload.get("active_set")
     if not isinstance(active, Mapping) or not active:
         raise PayloadError("'active_set' must be a non-empty object of layer -> expert ids", "invalid_active_set", "active_set")
+    # Sizes first: every check below is linear in what the plan allows, never in what was sent.
+    if len(active) > len(plan.layers):
+        raise PayloadError(
+            f"'active_set' names {len(active)} layers; this plan has {len(plan.layers)}", "invalid_active_set", "active_set"
+        )
 
     target: dict[int, tuple[int, ...]] = {i: tuple(sorted(v)) for i, v in current.items()}
-    named: list[int] = []
+    named: set[int] = set()
     for key, experts in active.items():
-        where = f"active_set.{key}"
-        idx = layer_index(str(key))
+        where = f"active_set.{key}" if len(str(key)) <= 32 else "active_set"
+        idx = layer_index(str(key)) if len(str(key)) <= 32 else None
         if idx is None or idx not in plan.layers:
-            raise PayloadError(
-                f"unknown layer {key!r}: this plan has layers {plan.layer_ids()[0]}..{plan.layer_ids()[-1]}",
-                "unknown_layer",
-                where,
-            )
+            first, last = plan.layer_ids()[0], plan.layer_ids()[-1]
+            shown = str(key) if len(str(key)) <= 32 else str(key)[:32] + "..."
+            raise PayloadError(f"unknown layer {shown!r}: this plan has layers {first}..{last}", "unknown_layer", where)
         if idx in named:
             raise PayloadError(f"layer {idx} named twice (as 'layer_{idx}' and '{idx}')", "duplicate_layer", where)
-        named.append(idx)
+        named.add(idx)
         lp = plan.layers[idx]
         if not isinstance(experts, list):
             raise PayloadError(f"{where} must be a list of expert ids", "invalid_type", where)
+        cap = capacity.get(idx, lp.resident_capacity)
+        if len(experts) > cap:
+            raise PayloadError(f"{where}: {len(experts)} experts exceed this layer's slot bank of {cap}", "over_budget", where)
         ids: list[int] = []
+        seen: set[int] = set()
+        dups: set[int] = set()
         for e in experts:
             if isinstance(e, bool) or not isinstance(e, int):
-                raise PayloadError(f"{where}: expert id {e!r} is not an integer", "invalid_type", where)
+                shown = repr(e) if isinstance(e, (int, float)) else type(e).__name__
+                raise PayloadError(f"{where}: expert id {shown} is not an integer", "invalid_type", where)
             if not 0 <= e < lp.num_experts:
                 raise PayloadError(
-                    f"{where}: expert id {e} out of range [0, {lp.num_experts})", "expert_out_of_range", where
+                    f"{where}: expert id {e if abs(e) < 10**9 else '(huge)'} out of range [0, {lp.num_experts})",
+                    "expert_out_of_range",
+                    where,
                 )
+            if e in seen:
+                dups.add(e)
+            seen.add(e)
             ids.append(e)
-        if len(set(ids)) != len(ids):
-            dups = sorted({x for x in ids if ids.count(x) > 1})
-            raise PayloadError(f"{where}: duplicate expert ids {dups}", "duplicate_experts", where)
-        missing = sorted(set(lp.core) - set(ids))
+        if dups:
+            raise PayloadError(f"{where}: duplicate expert ids {sorted(dups)}", "duplicate_experts", where)
+        missing = sorted(set(lp.core) - seen)
         if missing and not allow_missing_core:
             raise PayloadError(
                 f"{where}: core experts {missing[:10]}{'...' if len(missing) > 10 else ''} missing; "
                 "send 'allow_missing_core': true to drop core experts deliberately",
                 "missing_core",
                 where,
-            )
-        cap = capacity.get(idx, lp.resident_capacity)
-        if len(ids) > cap:
-            raise PayloadError(
-                f"{where}: {len(ids)} experts exceed this layer's slot bank of {cap}", "over_budget", where
             )
         target[idx] = tuple(sorted(ids))
 

@@ -25,6 +25,9 @@ ENV_CARTRIDGE_DIR = "REAP_CARTRIDGE_DIR"
 ENV_VALIDATE_ONLY = "REAP_SWAP_VALIDATE_ONLY"
 ENV_LEDGER = "REAP_MISS_LEDGER_SIZE"
 ENV_MAX_BODY = "REAP_MAX_BODY_BYTES"
+ENV_SWAP_RATE = "REAP_SWAP_BYTES_PER_S"
+DEFAULT_MAX_BODY = 256 << 10  # a full active set of a 94-layer x 128-slot model is ~50 KB
+DEFAULT_SWAP_RATE = 16 << 30  # bytes/s; about a third of an H200's host link
 ENV_ACCOUNTING = "REAP_MISS_ACCOUNTING"
 
 
@@ -44,6 +47,8 @@ class ResidencyConfig:
     validate_only: bool
     ledger_size: int
     max_body_bytes: int
+    swap_bytes_per_s: int = DEFAULT_SWAP_RATE
+    """Token-bucket rate on bytes copied by swaps (0: unlimited)."""
     accounting: bool = True  # per-request router-miss sums; "0" only to diagnose its cost
 
     @property
@@ -141,7 +146,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         cartridge_dir=env.get(ENV_CARTRIDGE_DIR) or None,
         validate_only=env.get(ENV_VALIDATE_ONLY, "0") == "1",
         ledger_size=_int_env(env, ENV_LEDGER, 1024, 1) or 1024,
-        max_body_bytes=_int_env(env, ENV_MAX_BODY, 1 << 20, 1024) or (1 << 20),
+        max_body_bytes=_int_env(env, ENV_MAX_BODY, DEFAULT_MAX_BODY, 1024) or DEFAULT_MAX_BODY,
+        swap_bytes_per_s=_int_env(env, ENV_SWAP_RATE, DEFAULT_SWAP_RATE, 0) or 0,
         accounting=_bool_env(env, ENV_ACCOUNTING, True),
     )
 

@@ -5,29 +5,39 @@ resident set the workers report, per-request forensics and refresh budgets,
 and swap counters. Every change goes to the workers through one RPC
 callable, serialized by a lock (one swap in flight), and the resident state
 it keeps is always the one the workers answered with.
+
+When a swap fails inside a worker, or ranks answer with different resident
+sets, the view is marked inconsistent: every rank's resident set is re-read,
+ranks that disagree are brought to one set, and resident-state routes answer
+503 until all ranks agree again. Nothing here is unbounded: request records
+and rejection logs are LRU caches, and bytes copied are metered by a token
+bucket (a fresh request id buys nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
+import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
+
+from cachetools import LRUCache
 
 from reap_swap.plan import LayerPlan, Plan, PlanError, check_plan_fits_model
 
-from .active_set import PayloadError, SwapRequest, compute_delta, parse_swap_request, signature
+from .active_set import PayloadError, ResidentSets, SwapRequest, compute_delta, parse_swap_request, signature
+from .cartridges import CartridgeStore, check_id
 from .config import ResidencyConfig
 from .errors import HTTPError
 from .misses import ALL_REQUESTS
+from .ratelimit import TokenBucket
 
 Rpc = Callable[..., Awaitable[list[Any]]]
-_CARTRIDGE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+logger = logging.getLogger("reap_swap.server_ext")
 MAX_FORENSICS = 4096
+MAX_REJECTION_IDS = 1024
+MAX_REJECTIONS_PER_ID = 8
 
 
 @dataclass
@@ -35,6 +45,9 @@ class Counters:
     swaps: int = 0
     noops: int = 0
     rejected: int = 0
+    rate_limited: int = 0
+    failed: int = 0
+    resyncs: int = 0
     bytes_copied: int = 0
     experts_loaded: int = 0
     swap_ms_total: float = 0.0
@@ -44,7 +57,6 @@ class Counters:
 class RequestRecord:
     refreshes_used: int = 0
     swaps: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[dict[str, Any]] = field(default_factory=list)
 
 
 def synthetic_plan(layers: list[int], num_experts: int, slots: Mapping[int, int], expert_bytes: int) -> Plan:
@@ -53,18 +65,31 @@ def synthetic_plan(layers: list[int], num_experts: int, slots: Mapping[int, int]
     return Plan(raw={"mode": "synthetic"}, sha256="", layers=layer_plans, per_expert_bytes=expert_bytes, max_refreshes_per_request=1 << 30)
 
 
+def parse_resident(resident: Mapping[str, list[int]]) -> ResidentSets:
+    return {int(str(k).removeprefix("layer_")): tuple(sorted(int(e) for e in v)) for k, v in resident.items()}
+
+
+def layer_payload(resident: ResidentSets) -> dict[str, list[int]]:
+    """Every layer of a resident state (a per-layer no-op costs the workers nothing)."""
+    return {f"layer_{i}": list(v) for i, v in sorted(resident.items())}
+
+
 class ControlPlane:
     def __init__(self, cfg: ResidencyConfig, rpc: Rpc):
         self.cfg = cfg
         self._rpc = rpc
         self._lock = asyncio.Lock()
         self.plan: Plan | None = None
-        self.resident: dict[int, tuple[int, ...]] = {}
+        self.resident: ResidentSets = {}
         self.capacity: dict[int, int] = {}
         self.worker_info: dict[str, Any] = {}
         self.counters = Counters()
-        self.records: OrderedDict[str, RequestRecord] = OrderedDict()
-        self.cartridges: OrderedDict[str, dict[str, list[int]]] = OrderedDict()
+        self.records: LRUCache[str, RequestRecord] = LRUCache(MAX_FORENSICS)
+        self.rejections: LRUCache[str, list[dict[str, Any]]] = LRUCache(MAX_REJECTION_IDS)
+        self.cartridges = CartridgeStore(cfg.max_loaded_cartridges, cfg.cartridge_dir)
+        self.bucket: TokenBucket | None = None
+        self.inconsistent: str | None = None
+        """Why the resident view cannot be trusted (None: every rank agrees with it)."""
 
     async def start(self) -> None:
         """Install residency in every worker and check the plan fits the served model."""
@@ -79,10 +104,10 @@ class ControlPlane:
             plan = synthetic_plan(layers, int(info["num_experts"]), self.capacity, int(info["expert_bytes"]))
         self.plan = plan
         self.worker_info = info
-        self._set_resident(info["resident"])
-
-    def _set_resident(self, resident: Mapping[str, list[int]]) -> None:
-        self.resident = {int(k.removeprefix("layer_")): tuple(sorted(v)) for k, v in resident.items()}
+        if self.cfg.swap_bytes_per_s > 0:
+            full_bank = sum(self.capacity.values()) * int(info["expert_bytes"])
+            self.bucket = TokenBucket(self.cfg.swap_bytes_per_s, max(self.cfg.swap_bytes_per_s, full_bank, 1))
+        self._check_ranks([i["resident"] for i in infos], "at start-up")
 
     @property
     def ready(self) -> bool:
@@ -93,64 +118,112 @@ class ControlPlane:
             raise HTTPError(503, "residency control plane is not ready", "not_ready")
         return self.plan
 
+    def _check_ranks(self, residents: list[Mapping[str, list[int]]], when: str) -> bool:
+        """Adopt the ranks' resident set if they all agree, else mark the view inconsistent."""
+        states = [parse_resident(r) for r in residents]
+        if states and all(s == states[0] for s in states[1:]):
+            self.resident = states[0]
+            self.inconsistent = None
+            return True
+        sigs = [signature(s) for s in states]
+        self.inconsistent = f"ranks disagree {when}: resident signatures {sigs}"
+        self.resident = states[0] if states else self.resident
+        return False
+
+    async def _read_ranks(self) -> list[Mapping[str, list[int]]]:
+        """Every rank's resident sets, read from its slot tables (``swap_repair.RepairingWorkerExtension``)."""
+        return [a["resident"] for a in await self._rpc("reap_resident_sets")]
+
+    async def resync(self) -> bool:
+        """Re-read every rank; bring disagreeing ranks to rank 0's set. True when consistent."""
+        self.counters.resyncs += 1
+        try:
+            if self._check_ranks(await self._read_ranks(), "after re-read"):
+                return True
+            logger.warning("reap-swap: %s; repairing to rank 0's set", self.inconsistent)
+            await self._rpc("reap_swap", layer_payload(self.resident))
+            return self._check_ranks(await self._read_ranks(), "after repair")
+        except Exception as exc:  # noqa: BLE001 - stays inconsistent; the next call retries
+            self.inconsistent = f"resync failed: {type(exc).__name__}: {exc}"
+            logger.error("reap-swap: %s", self.inconsistent)
+            return False
+
+    async def _ensure_consistent(self) -> None:
+        if self.inconsistent is not None and not await self.resync():
+            raise HTTPError(503, f"resident state is being repaired ({self.inconsistent}); retry", "resident_state_inconsistent",
+                            headers={"Retry-After": "1"})
+
     def _record(self, request_id: str) -> RequestRecord:
         rec = self.records.get(request_id)
         if rec is None:
             rec = self.records[request_id] = RequestRecord()
-        self.records.move_to_end(request_id)
-        while len(self.records) > MAX_FORENSICS:
-            self.records.popitem(last=False)
         return rec
 
     def _reject(self, payload: Any, exc: PayloadError) -> HTTPError:
+        """Count and log a refused payload; it creates no request record and spends nothing."""
         self.counters.rejected += 1
         rid = payload.get("request_id") if isinstance(payload, Mapping) else None
-        if isinstance(rid, str) and rid.strip():
-            rec = self._record(rid)
-            rec.rejected = (rec.rejected + [{"at": time.time(), "code": exc.code, "message": str(exc)}])[-8:]
+        if isinstance(rid, str) and rid.strip() and len(rid) <= 256:
+            log = self.rejections.get(rid, [])
+            self.rejections[rid] = (log + [{"at": time.time(), "code": exc.code, "message": str(exc)[:500]}])[-MAX_REJECTIONS_PER_ID:]
         return HTTPError(exc.status, str(exc), exc.code, exc.param)
 
     async def swap(self, payload: Any, *, warm: bool = False) -> dict[str, Any]:
         plan = self._require_plan()
         t0 = time.perf_counter()
         async with self._lock:
+            await self._ensure_consistent()
             try:
                 req = parse_swap_request(payload, plan, self.resident, self.capacity, warm=warm)
             except PayloadError as exc:
                 raise self._reject(payload, exc) from None
+            noop = signature(self.resident) == signature(req.target)
+            refresh = req.phase == "decode_refresh" and not warm and not noop
+            rec = self.records.get(req.request_id)
+            used = rec.refreshes_used if rec else 0
+            if refresh and used >= plan.max_refreshes_per_request:
+                raise self._reject(payload, PayloadError(
+                    f"refresh budget exhausted: request {req.request_id!r} used {used} of "
+                    f"{plan.max_refreshes_per_request} decode refreshes", "refresh_budget_exhausted", "phase", status=409))
+            if not noop and not self.cfg.validate_only and self.bucket is not None:
+                expert_bytes = int(self.worker_info.get("expert_bytes") or plan.per_expert_bytes)
+                cost = compute_delta(self.resident, req.target).experts_added * expert_bytes
+                wait = self.bucket.try_take(cost)
+                if wait > 0:
+                    self.counters.rate_limited += 1
+                    raise HTTPError(429, f"swap rate limit: {cost} bytes needed, {self.bucket.available:.0f} available "
+                                    f"({self.cfg.swap_bytes_per_s} bytes/s); retry in {wait:.2f}s", "swap_rate_limited",
+                                    headers={"Retry-After": str(max(1, int(wait + 0.999)))})
+            result = await self._apply(req, plan, t0, noop)
             rec = self._record(req.request_id)
-            if req.phase == "decode_refresh" and not warm:
-                if rec.refreshes_used >= plan.max_refreshes_per_request:
-                    raise self._reject(
-                        payload,
-                        PayloadError(
-                            f"refresh budget exhausted: request {req.request_id!r} used "
-                            f"{rec.refreshes_used} of {plan.max_refreshes_per_request} decode refreshes",
-                            "refresh_budget_exhausted",
-                            "phase",
-                            status=409,
-                        ),
-                    )
-                rec.refreshes_used += 1
-            try:
-                return await self._apply(req, rec, plan, t0)
-            except BaseException:
-                if req.phase == "decode_refresh" and not warm:
-                    rec.refreshes_used -= 1  # a swap that did not happen spends no budget
-                raise
+            rec.refreshes_used += int(refresh)
+            result["refreshes_used"] = rec.refreshes_used
+            result["refreshes_remaining"] = max(plan.max_refreshes_per_request - rec.refreshes_used, 0)
+            rec.swaps = (rec.swaps + [result])[-8:]
+            return result
 
-    async def _apply(self, req: SwapRequest, rec: RequestRecord, plan: Plan, t0: float) -> dict[str, Any]:
+    async def _apply(self, req: SwapRequest, plan: Plan, t0: float, noop: bool) -> dict[str, Any]:
         before = signature(self.resident)
         after = signature(req.target)
         delta = compute_delta(self.resident, req.target)
         t_valid = time.perf_counter()
         worker: dict[str, Any] = {"bytes_copied": 0, "experts_loaded": 0, "experts_evicted": 0, "copy_ms": 0.0, "publish_ms": 0.0}
-        noop = before == after
         if not noop and not self.cfg.validate_only:
-            changed = {f"layer_{i}": list(req.target[i]) for i in delta.layers if delta.layers[i].added or delta.layers[i].removed}
-            results = await self._rpc("reap_swap", changed)
+            try:
+                results = await self._rpc("reap_swap", layer_payload(req.target))
+            except Exception as exc:  # noqa: BLE001 - a worker failed part-way: re-read the truth
+                self.counters.failed += 1
+                self.inconsistent = f"swap failed in a worker: {type(exc).__name__}: {exc}"
+                logger.error("reap-swap: %s", self.inconsistent)
+                repaired = await self.resync()
+                state = f"resident set re-read from every rank (signature {signature(self.resident)})" if repaired else self.inconsistent
+                raise HTTPError(503, f"swap failed in a worker ({type(exc).__name__}: {exc}); {state}", "swap_failed",
+                                headers={"Retry-After": "1"}) from None
             worker = results[0]
-            self._set_resident(worker["resident"])
+            if not self._check_ranks([r["resident"] for r in results], "after a swap"):
+                await self.resync()
+                raise HTTPError(503, f"swap left ranks inconsistent; {self.inconsistent or 'repaired'}", "swap_failed",
+                                headers={"Retry-After": "1"})
         t_end = time.perf_counter()
         if req.reset_router_stats:
             await self._rpc("reap_reset_router_stats")
@@ -159,7 +232,7 @@ class ControlPlane:
         self.counters.bytes_copied += int(worker["bytes_copied"])
         self.counters.experts_loaded += int(worker["experts_loaded"])
         self.counters.swap_ms_total += (t_end - t0) * 1e3
-        result = {
+        return {
             "status": "ok",
             "request_id": req.request_id,
             "phase": req.phase,
@@ -167,7 +240,7 @@ class ControlPlane:
             "noop": noop,
             "validate_only": self.cfg.validate_only,
             "mode": "serialized_single_flight",
-            "active_set_signature": after if not self.cfg.validate_only else before,
+            "active_set_signature": signature(self.resident),
             "requested_signature": after,
             "previous_signature": before,
             "plan_sha256": plan.sha256,
@@ -183,15 +256,13 @@ class ControlPlane:
                 "publish": float(worker["publish_ms"]),
                 "total": (t_end - t0) * 1e3,
             },
-            "refreshes_used": rec.refreshes_used,
-            "refreshes_remaining": max(plan.max_refreshes_per_request - rec.refreshes_used, 0),
             "at": time.time(),
         }
-        rec.swaps = (rec.swaps + [result])[-8:]
-        return result
 
     async def router_misses(self, request_id: str, reset: bool) -> dict[str, Any]:
         self._require_plan()
+        if not request_id or len(request_id) > 256:
+            raise HTTPError(400, "request id must be 1-256 characters", "invalid_value", "request_id")
         reports = await self._rpc("reap_router_misses", request_id, reset)
         report = reports[0]  # TP ranks route identically; rank 0 answers
         if report is None:
@@ -206,19 +277,22 @@ class ControlPlane:
             "by_layer": {f"layer_{i}": list(v) for i, v in sorted(self.resident.items())},
             "resident_experts": sum(len(v) for v in self.resident.values()),
             "slots": {f"layer_{i}": n for i, n in sorted(self.capacity.items())},
+            "consistent": self.inconsistent is None,
+            "inconsistent_reason": self.inconsistent,
         }
 
     def forensics(self, request_id: str) -> dict[str, Any]:
         plan = self._require_plan()
         rec = self.records.get(request_id)
-        if rec is None:
+        rejected = self.rejections.get(request_id, [])
+        if rec is None and not rejected:
             raise HTTPError(404, f"no swap recorded for request {request_id!r}", "unknown_request", "request_id")
         return {
             "request_id": request_id,
-            "last_swap": rec.swaps[-1] if rec.swaps else None,
-            "swaps": len(rec.swaps),
-            "rejected": rec.rejected,
-            "refreshes_used": rec.refreshes_used,
+            "last_swap": rec.swaps[-1] if rec and rec.swaps else None,
+            "swaps": len(rec.swaps) if rec else 0,
+            "rejected": rejected,
+            "refreshes_used": rec.refreshes_used if rec else 0,
             "plan": {"sha256": plan.sha256, "source": plan.source, "model": plan.model},
             "resident": self.resident_summary(),
         }
@@ -230,59 +304,30 @@ class ControlPlane:
             "plan": {"sha256": plan.sha256, "source": plan.source, "model": plan.model, "layers": len(plan.layers)},
             "worker": {k: v for k, v in self.worker_info.items() if k != "resident"},
             "resident": self.resident_summary(),
-            "counters": {
-                "swaps": c.swaps,
-                "noops": c.noops,
-                "rejected": c.rejected,
-                "bytes_copied": c.bytes_copied,
-                "experts_loaded": c.experts_loaded,
-                "swap_ms_total": c.swap_ms_total,
+            "counters": dict(c.__dict__),
+            "limits": {
+                "swap_bytes_per_s": self.cfg.swap_bytes_per_s,
+                "swap_bytes_available": self.bucket.available if self.bucket else None,
+                "records": {"held": len(self.records), "max": MAX_FORENSICS},
+                "rejection_logs": {"held": len(self.rejections), "max": MAX_REJECTION_IDS},
             },
             "validate_only": self.cfg.validate_only,
         }
 
-    def _load_cartridge(self, cartridge_id: str) -> tuple[dict[str, list[int]], bool, list[str]]:
-        if cartridge_id in self.cartridges:
-            self.cartridges.move_to_end(cartridge_id)
-            return self.cartridges[cartridge_id], True, []
-        plan = self._require_plan()
-        found: Any = None
-        section = plan.raw.get("cartridges")
-        if isinstance(section, Mapping) and cartridge_id in section:
-            found = section[cartridge_id]
-        elif self.cfg.cartridge_dir:
-            path = Path(self.cfg.cartridge_dir) / f"{cartridge_id}.json"
-            if path.is_file():
-                try:
-                    found = json.loads(path.read_text())
-                except json.JSONDecodeError as exc:
-                    raise HTTPError(422, f"cartridge {cartridge_id!r} is not valid JSON: {exc}", "invalid_cartridge") from None
-        if found is None:
-            raise HTTPError(404, f"unknown cartridge {cartridge_id!r}", "unknown_cartridge", "cartridge_id")
-        active = found.get("active_set", found) if isinstance(found, Mapping) else None
-        if not isinstance(active, Mapping):
-            raise HTTPError(422, f"cartridge {cartridge_id!r} has no active_set object", "invalid_cartridge")
-        evicted: list[str] = []
-        self.cartridges[cartridge_id] = dict(active)
-        while len(self.cartridges) > self.cfg.max_loaded_cartridges:
-            evicted.append(self.cartridges.popitem(last=False)[0])
-        return self.cartridges[cartridge_id], False, evicted
-
     async def swap_cartridge(self, cartridge_id: str, body: Any) -> dict[str, Any]:
-        if not _CARTRIDGE_ID.match(cartridge_id):
-            raise HTTPError(400, "cartridge id must match [A-Za-z0-9_.-]{1,128}", "invalid_value", "cartridge_id")
+        check_id(cartridge_id)
         if body is not None and not isinstance(body, Mapping):
             raise HTTPError(400, "request body must be a JSON object", "invalid_body")
         body = dict(body or {})
-        unknown = sorted(set(body) - {"request_id", "phase", "allow_missing_core"})
+        unknown = sorted(str(k)[:64] for k in body if k not in {"request_id", "phase", "allow_missing_core"})[:5]
         if unknown:
             raise HTTPError(400, f"unknown field(s): {', '.join(unknown)}", "unknown_field", unknown[0])
-        active, hit, evicted = self._load_cartridge(cartridge_id)
+        active, hit, evicted = self.cartridges.load(cartridge_id, self._require_plan())
         payload = {"request_id": body.get("request_id", f"cartridge-{cartridge_id}"), "phase": body.get("phase", "prefill"), "active_set": active}
         if "allow_missing_core" in body:
             payload["allow_missing_core"] = body["allow_missing_core"]
         result = await self.swap(payload)
-        result["cartridge"] = {"id": cartridge_id, "cache_hit": hit, "evicted": evicted, "loaded": list(self.cartridges)}
+        result["cartridge"] = {"id": cartridge_id, "cache_hit": hit, "evicted": evicted, "loaded": self.cartridges.loaded}
         return result
 
     async def reset_router_stats(self) -> int:

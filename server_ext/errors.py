@@ -25,12 +25,15 @@ _TYPES = {
 class HTTPError(Exception):
     """An error to send as ``{"error": {...}}`` with ``status``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+    def __init__(
+        self, status: int, message: str, code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.code, self.param)

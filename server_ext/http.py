@@ -9,14 +9,17 @@ with the reason, rather than serving with a plan that does not fit.
 Paths (seed-compatible): ``POST /swap_active_set``, ``POST /warm_active_set``,
 ``GET /router_misses/{request_id}?reset=true``, ``GET /forensics/{request_id}``,
 ``POST /swap_cartridge/{cartridge_id}``, ``POST /reset_router_stats`` and
-``GET /reap/status``.
+``GET /reap/status``. Who may call them is decided in ``auth.py`` (control
+token, else vLLM's API key, else loopback callers only); POST bodies must be
+declared ``application/json``. A server bound to a non-loopback host with no
+credential refuses to start.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import os
 from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
@@ -25,11 +28,12 @@ from starlette.routing import Match, Route, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import config as reap_config
+from .auth import TOKEN_HEADER, ControlAuth, is_loopback
 from .control_plane import ControlPlane
 from .errors import HTTPError, error_body
 
 logger = logging.getLogger("reap_swap.server_ext")
-TOKEN_HEADER = "x-reap-control-token"
+__all__ = ["ReapControlMiddleware", "TOKEN_HEADER", "read_json_body"]
 
 
 async def read_json_body(request: Request, limit: int) -> Any:
@@ -51,10 +55,19 @@ async def read_json_body(request: Request, limit: int) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HTTPError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:
+        raise HTTPError(400, "request body is nested too deeply", "invalid_json") from None
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return JSONResponse(data, status_code=status)
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(data, status_code=status, headers=headers)
+
+
+def _api_keys(app: Any) -> list[str]:
+    """vLLM's --api-key values (or VLLM_API_KEY), read from the running app's arguments."""
+    given = getattr(getattr(getattr(app, "state", None), "args", None), "api_key", None)
+    keys = [given] if isinstance(given, str) else list(given or [])
+    return [k for k in (keys or [os.environ.get("VLLM_API_KEY", "")]) if k]
 
 
 class ReapControlMiddleware:
@@ -64,6 +77,7 @@ class ReapControlMiddleware:
         self.app = app
         self.cfg = cfg or reap_config.from_env()
         self.plane: ControlPlane | None = None
+        self.auth = ControlAuth.create(self.cfg.control_token)
         self.router = Router(
             routes=[
                 Route("/swap_active_set", self._endpoint(self.swap_active_set), methods=["POST"]),
@@ -105,7 +119,15 @@ class ReapControlMiddleware:
         return wrapped
 
     async def _start(self, scope: Scope) -> None:
-        engine = scope["app"].state.engine_client
+        app = scope["app"]
+        self.auth = ControlAuth.create(self.cfg.control_token, _api_keys(app))
+        host = getattr(getattr(app.state, "args", None), "host", "127.0.0.1")
+        if not self.auth.closed and not is_loopback(host) and not getattr(app.state.args, "uds", None):
+            raise RuntimeError(
+                f"the control routes would be open on {host or 'every interface'}: set REAP_CONTROL_TOKEN "
+                "(reap-swap serve --control-token-file) or --api-key, or bind a loopback host"
+            )
+        engine = app.state.engine_client
 
         async def rpc(method: str, *args: Any) -> list[Any]:
             return await engine.collective_rpc(method, args=args)
@@ -118,33 +140,24 @@ class ReapControlMiddleware:
     def _endpoint(self, handler: Callable[[Request, ControlPlane], Awaitable[Any]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                self._check_token(request)
+                self.auth.check(request.headers)
                 if self.plane is None:
                     raise HTTPError(503, "residency control plane is not ready", "not_ready")
                 result = await handler(request, self.plane)
                 return result if isinstance(result, Response) else _json(result)
             except HTTPError as exc:
-                return _json(exc.body(), exc.status)
+                return _json(exc.body(), exc.status, exc.headers)
             except Exception as exc:  # noqa: BLE001 - never leak a traceback as HTML
                 logger.exception("reap-swap control request failed")
                 return _json(error_body(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error"), 500)
 
         return endpoint
 
-    def _check_token(self, request: Request) -> None:
-        token = self.cfg.control_token
-        if not token:
-            return
-        given = request.headers.get(TOKEN_HEADER, "")
-        if not given:
-            raise HTTPError(401, f"control endpoints need the {TOKEN_HEADER} header", "missing_control_token")
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPError(403, "control token does not match", "invalid_control_token")
-
     async def _body(self, request: Request) -> Any:
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if ctype not in ("application/json", ""):
-            raise HTTPError(415, f"content-type must be application/json, got {ctype!r}", "unsupported_media_type")
+        # No default: a browser's no-cors POST (text/plain, form types, or none) must never reach a control route.
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise HTTPError(415, f"content-type must be application/json, got {ctype or 'none'!r}", "unsupported_media_type")
         return await read_json_body(request, self.cfg.max_body_bytes)
 
     async def swap_active_set(self, request: Request, plane: ControlPlane) -> Any:
@@ -166,6 +179,9 @@ class ReapControlMiddleware:
         return await plane.swap_cartridge(request.path_params["cartridge_id"], await self._body(request))
 
     async def reset_router_stats(self, request: Request, plane: ControlPlane) -> Any:
+        body = await self._body(request)
+        if body not in (None, {}):
+            raise HTTPError(400, "/reset_router_stats takes no fields", "invalid_body")
         return {"status": "ok", "requests_cleared": await plane.reset_router_stats()}
 
     async def status(self, request: Request, plane: ControlPlane) -> Any:

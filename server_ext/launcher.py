@@ -5,6 +5,10 @@ process); the rest of the command line goes to vLLM unchanged, plus the two
 supported hooks: ``--worker-extension-cls`` (registers the residency layer in
 each worker before the model is built) and ``--middleware`` (the control
 plane). The plan is validated against the model's config before vLLM starts.
+
+The server binds loopback unless ``--host`` says otherwise; a non-loopback
+bind without a control token gets a generated one, written to a 0600 file
+whose path is printed (the control routes are never open to a network).
 """
 
 from __future__ import annotations
@@ -13,15 +17,18 @@ import argparse
 import importlib.util
 import os
 import runpy
+import secrets
 import sys
+import tempfile
 from pathlib import Path
 
 from reap_swap.models.families import UnsupportedModelError, layout_for
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
+from .auth import is_loopback
 
-WORKER_EXTENSION = "reap_swap.server_ext.worker_ext.ReapWorkerExtension"
+WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
 MIDDLEWARE = "reap_swap.server_ext.http.ReapControlMiddleware"
 # vLLM's OpenAI server entry module moved in 0.29; both run as __main__.
 SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
@@ -43,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="experts resident at start-up: 'core' (plan core), 'none', or a JSON active set",
     )
     p.add_argument("--start-resident-prefixes", default="", help="seed semantics: comma-separated parameter-name prefixes")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; any other needs a control token)")
     p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints")
+    p.add_argument("--control-token-file", type=Path,
+                   help="read the control token from this file (kept out of the process list); "
+                        "with a non-loopback --host and no token, a generated one is written here")
     p.add_argument("--validate-only", action="store_true", help="validate swaps and report deltas without moving bytes")
     return p
 
@@ -73,8 +84,9 @@ def plan_env(args: argparse.Namespace) -> dict[str, str]:
     env[reap_config.ENV_START] = args.start_resident
     if args.start_resident_prefixes:
         env[reap_config.ENV_PREFIXES] = args.start_resident_prefixes
-    if args.control_token:
-        env[reap_config.ENV_TOKEN] = args.control_token
+    token = control_token(args)
+    if token:
+        env[reap_config.ENV_TOKEN] = token
     if args.validate_only:
         env[reap_config.ENV_VALIDATE_ONLY] = "1"
     cfg = reap_config.from_env(env)
@@ -86,8 +98,34 @@ def plan_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _write_secret(path: Path, secret: str) -> None:
+    """Create ``path`` with mode 0600 (refusing to overwrite), holding ``secret``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+
+
+def control_token(args: argparse.Namespace) -> str | None:
+    """The token guarding the control routes: given, read from a file, or generated for a network bind."""
+    host = getattr(args, "host", "127.0.0.1")
+    token = getattr(args, "control_token", None) or os.environ.get(reap_config.ENV_TOKEN) or None
+    path: Path | None = getattr(args, "control_token_file", None)
+    if token is None and path is not None and path.exists():
+        token = path.read_text().strip()
+        if not token:
+            raise SystemExit(f"reap-swap serve: error: {path} is empty")
+    if token is None and not is_loopback(host):
+        if path is None:
+            path = Path(tempfile.mkdtemp(prefix="reap-swap-")) / "control-token"  # the folder is 0700
+        token = secrets.token_urlsafe(32)
+        _write_secret(path, token)
+        print(f"reap-swap serve: binding {host or 'every interface'} with a generated control token in {path} "
+              "(send it as X-Reap-Control-Token; reap-swap proxy --control-token-file)", file=sys.stderr, flush=True)
+    return token
+
+
 def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
-    argv = ["--model", str(args.model), "--worker-extension-cls", WORKER_EXTENSION, "--middleware", MIDDLEWARE]
+    argv = ["--model", str(args.model), "--host", args.host, "--worker-extension-cls", WORKER_EXTENSION, "--middleware", MIDDLEWARE]
     return argv + passthrough
 
 
