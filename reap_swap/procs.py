@@ -2,8 +2,16 @@
 
 Used by the tests, the benchmarks and the demo. Each server runs in its own
 process group (vLLM spawns an engine core and workers), so stopping it ends
-the whole tree; ``ServerProcess`` is a context manager and stops on errors
-and Ctrl-C too.
+the whole tree; ``ServerProcess`` is a context manager, and a start-up that
+fails, times out or is interrupted (Ctrl-C, SIGTERM) stops the group before
+the exception goes on.
+
+Ports: ``free_port`` binds port 0 and *keeps* the socket (SO_REUSEADDR, not
+listening) until the server that was given the port is up: the kernel hands
+that port to nobody else meanwhile, while the server (which binds with
+SO_REUSEADDR, as vLLM and uvicorn do) can still take it. Health: a 200 only
+counts once the port's listening socket is known to belong to the child's
+process group, so a stranger on the port is never mistaken for our server.
 """
 
 from __future__ import annotations
@@ -15,23 +23,72 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import httpx
+import psutil
+
+_RESERVED: dict[int, socket.socket] = {}
+"""Registry of ports handed out by ``free_port`` and not yet taken by their server."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody else will be given until ``release_port`` (ServerProcess releases it once up)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    port = int(s.getsockname()[1])
+    _RESERVED[port] = s
+    return port
+
+
+def release_port(port: int) -> None:
+    s = _RESERVED.pop(port, None)
+    if s is not None:
+        s.close()
 
 
 class ServerStartError(RuntimeError):
     pass
 
 
+def _group_members(pgid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
+def listens_on(pids: Iterable[psutil.Process], port: int) -> bool:
+    for p in pids:
+        try:
+            conns = p.net_connections(kind="inet")
+        except (psutil.Error, PermissionError):
+            continue
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns):
+            return True
+    return False
+
+
+def _raise_on_sigterm() -> signal.Handlers | None:
+    """Make SIGTERM raise (as Ctrl-C does) so cleanup runs; returns the handler to restore, if replaced."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # someone (pytest, an app) handles SIGTERM already: leave it to them
+    try:
+        def terminated(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        return signal.signal(signal.SIGTERM, terminated)  # type: ignore[return-value]
+    except ValueError:  # not the main thread: signals cannot be handled here
+        return None
+
+
 class ServerProcess:
-    """A child server: started, health-checked, then stopped with its process group."""
+    """A child server: started, health-checked (and identity-checked), then stopped with its process group."""
 
     def __init__(
         self,
@@ -41,6 +98,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         health_path: str = "/health",
         name: str = "server",
+        ready_status: Sequence[int] = (200,),
     ):
         self.argv = list(argv)
         self.port = port
@@ -48,6 +106,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.health_path = health_path
         self.name = name
+        self.ready_status = tuple(ready_status)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,22 +115,35 @@ class ServerProcess:
 
     def start(self, timeout: float = 300.0) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        log.close()
+        previous = _raise_on_sigterm()
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self._wait_healthy(timeout)
+        except BaseException:  # a failed, timed-out or interrupted start-up leaves nothing running
+            self.stop(timeout=5.0)
+            raise
+        finally:
+            release_port(self.port)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        return self
+
+    def _wait_healthy(self, timeout: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{self.name} exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
             try:
-                if httpx.get(self.url + self.health_path, timeout=2.0).status_code == 200:
-                    return self
+                healthy = httpx.get(self.url + self.health_path, timeout=2.0).status_code in self.ready_status
             except httpx.HTTPError:
-                pass
+                healthy = False
+            if healthy:
+                if listens_on(_group_members(self.proc.pid), self.port):
+                    return
+                raise ServerStartError(f"{self.name}: port {self.port} answers, but not from this server's processes")
             time.sleep(0.5)
-        self.stop()
         raise ServerStartError(f"{self.name} not healthy after {timeout:.0f}s; log tail:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:
@@ -81,23 +153,25 @@ class ServerProcess:
             return "(no log)"
 
     def stop(self, timeout: float = 20.0) -> None:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole group; grandchildren included, leader exited or not."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # Grandchildren that outlived the leader share its group: end them too.
+        if proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, timeout), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        # Members that outlived the leader (or a leader that exited early) share its group: end them too.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     def __enter__(self) -> "ServerProcess":

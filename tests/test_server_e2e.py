@@ -169,6 +169,15 @@ def test_malformed_oversize_and_wrong_type_bodies(server: str) -> None:
     assert r.status_code == 413
     r = httpx.post(server + "/swap_active_set", content=b"a=b", headers={"content-type": "text/plain"})
     assert r.status_code == 415
+    # No content-type is not JSON either (a browser's no-cors POST must never reach a control route) ...
+    r = httpx.post(server + "/swap_active_set", content=b'{"request_id": "x"}')
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+    # ... nor does a browser at all, nor a page that rebound its own domain name to this loopback server.
+    ok_body = {"request_id": "b", "phase": "prefill", "active_set": {"layer_0": [0, 1, 2, 3, 5]}}
+    r = httpx.post(server + "/swap_active_set", json=ok_body, headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "cross_origin_refused"
+    r = httpx.post(server + "/swap_active_set", json=ok_body, headers={"host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "non_loopback_host"
     assert httpx.get(server + "/swap_active_set").status_code == 405
     assert status(server)["resident"] == before
 
@@ -244,7 +253,14 @@ def test_swap_cartridge_lru(server: str) -> None:
     assert r.json()["cartridge"]["cache_hit"] is True and r.json()["noop"] is True
     assert post(server, "/swap_cartridge/nope", {}).status_code == 404
     assert post(server, "/swap_cartridge/broken", {}).status_code == 422
-    assert post(server, "/swap_cartridge/..%2Fetc", {}).status_code in (400, 404)
+    # Ids that reach the handler (the route matches) and must be refused by it, with our error code:
+    # a dot-dot segment (uvicorn decodes %2E), a hidden name, a character outside the allowed set.
+    for bad in ("%2E%2E", ".hidden", "a$b"):
+        r = post(server, f"/swap_cartridge/{bad}", {})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value", (bad, r.text)
+    # A slash cannot reach it at all: no route matches, and vLLM's own 404 answers.
+    r = post(server, "/swap_cartridge/..%2Fetc", {})
+    assert r.status_code == 404 and r.json().get("error", {}).get("code") != "unknown_cartridge"
 
 
 def test_warm_active_set_resets_stats(server: str, tiny_model_dir: Path) -> None:

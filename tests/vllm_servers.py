@@ -11,7 +11,7 @@ import pytest
 
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
 
-COMMON = ["--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
+COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n",
@@ -40,8 +40,9 @@ def start_stock(model: Path, log_dir: Path, *extra: str) -> ServerProcess:
     return ServerProcess(argv, port, log_dir / "stock.log", env=CPU_ENV, name="stock-vllm").start()
 
 
-def complete(url: str, model: Path, prompt: str, max_tokens: int = 24, request_id: str | None = None, **kw: Any) -> dict[str, Any]:
-    headers = {"X-Request-Id": request_id} if request_id else {}
+def complete(url: str, model: Path, prompt: str, max_tokens: int = 24, request_id: str | None = None,
+             headers: dict[str, str] | None = None, **kw: Any) -> dict[str, Any]:
+    headers = {**(headers or {}), **({"X-Request-Id": request_id} if request_id else {})}
     body = {"model": str(model), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True, **kw}
     r = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
     r.raise_for_status()
