@@ -45,13 +45,45 @@ class CorpusStats:
         return {"files": self.files, "lines": self.lines, "samples": self.samples, "skipped": dict(self.skipped)}
 
 
+def content_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of an OpenAI content-part list joined by newlines.
+
+    The proxy extracts prompts with this same function, so a conversation
+    observed here and the same conversation sent live give the same text.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            p["text"] for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", "input_text") and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+class _BadField(ValueError):
+    """A message field with the wrong shape: the sample is skipped and counted under ``reason``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
 def _message_text(msg: dict[str, Any]) -> str:
-    parts = [str(msg.get("content") or "")]
-    for ctx in msg.get("code_context") or []:
-        if isinstance(ctx, dict) and ctx.get("code"):
+    content = msg.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise _BadField("bad_content")
+    parts = [content_text(content)]
+    contexts, diffs = msg.get("code_context") or [], msg.get("suggested_diffs") or []
+    if not isinstance(contexts, list):
+        raise _BadField("bad_code_context")
+    if not isinstance(diffs, list):
+        raise _BadField("bad_suggested_diffs")
+    for ctx in contexts:
+        if isinstance(ctx, dict) and isinstance(ctx.get("code"), str) and ctx["code"]:
             parts.append(f"File: {ctx.get('file', 'snippet')}\n```\n{ctx['code']}\n```")
-    for diff in msg.get("suggested_diffs") or []:
-        if isinstance(diff, dict) and diff.get("diff"):
+    for diff in diffs:
+        if isinstance(diff, dict) and isinstance(diff.get("diff"), str) and diff["diff"]:
             parts.append(f"Diff for {diff.get('file', 'file')}:\n```diff\n{diff['diff']}\n```")
         elif isinstance(diff, str) and diff.strip():
             parts.append(f"```diff\n{diff}\n```")
@@ -67,7 +99,10 @@ def conversation_messages(row: dict[str, Any]) -> list[dict[str, str]] | str:
     for m in msgs:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             return "bad_message"
-        text = _message_text(m)
+        try:
+            text = _message_text(m)
+        except _BadField as exc:
+            return exc.reason
         if text.strip():
             out.append({"role": str(m["role"]), "content": text})
     if not any(m["role"] == "user" for m in out):
@@ -110,9 +145,9 @@ def read_corpus(
             rows: Iterable[tuple[int, Any]] = enumerate([{"text": path.read_text(encoding="utf-8", errors="replace")}])
         else:
             rows = _jsonl_rows(path, stats)
-        for lineno, row in rows:
+        for _, row in rows:
             stats.lines += 1
-            sample = _sample(row, path, lineno, render, stats)
+            sample = _sample(row, path, render, stats)
             if sample is None:
                 continue
             if sample.sample_id in seen:
@@ -137,12 +172,12 @@ def _jsonl_rows(path: Path, stats: CorpusStats) -> Iterable[tuple[int, Any]]:
                 continue
             try:
                 yield lineno, json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 stats.lines += 1
                 stats.skipped["invalid_json"] += 1
 
 
-def _sample(row: Any, path: Path, lineno: int, render: Callable[[list[dict[str, str]]], str], stats: CorpusStats) -> Sample | None:
+def _sample(row: Any, path: Path, render: Callable[[list[dict[str, str]]], str], stats: CorpusStats) -> Sample | None:
     if not isinstance(row, dict):
         stats.skipped["not_an_object"] += 1
         return None
@@ -151,7 +186,15 @@ def _sample(row: Any, path: Path, lineno: int, render: Callable[[list[dict[str, 
         if isinstance(msgs, str):
             stats.skipped[msgs] += 1
             return None
-        text, prompt = render(msgs), prompt_text(msgs)
+        try:
+            text = render(msgs)
+        except Exception:  # noqa: BLE001 - a chat template that rejects this conversation skips it, counted
+            stats.skipped["chat_template_error"] += 1
+            return None
+        if not isinstance(text, str):
+            stats.skipped["chat_template_error"] += 1
+            return None
+        prompt = prompt_text(msgs)
     elif isinstance(row.get("text"), str):
         text = prompt = row["text"]
     else:
@@ -162,7 +205,8 @@ def _sample(row: Any, path: Path, lineno: int, render: Callable[[list[dict[str, 
         return None
     sid = row.get("id")
     if not isinstance(sid, str) or not sid:
-        sid = f"{path.stem}:{lineno}:" + hashlib.sha1(text.encode()).hexdigest()[:10]
+        # Content identity, not position: inserting a line must not make every later sample "new".
+        sid = f"{path.stem}:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
     source = row.get("source") if isinstance(row.get("source"), str) else path.stem
     return Sample(sample_id=sid, text=text, source=source, tags=_tags(row), prompt=prompt, file=path.stem)
 

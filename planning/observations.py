@@ -13,15 +13,21 @@ An observation directory holds::
 Adding samples writes a new chunk; nothing already observed is recomputed.
 Aggregates are summed per sample in sorted-id order (float64), so the same
 set of samples gives the same numbers however it was chunked.
+
+Crash safety: chunks and the manifest are written to a temporary file,
+fsynced and renamed into place, and the manifest is the only commit point:
+a chunk, or a ``samples.jsonl`` row, that the manifest does not list does not
+exist (a run killed at any instant leaves the last committed state readable).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 import numpy as np
 
@@ -125,17 +131,105 @@ def read_manifest(obs_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write through ``write`` into a temp file, fsync it, rename it over ``path``, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def write_manifest(obs_dir: Path, manifest: dict[str, Any]) -> None:
+    """The commit point: content hash, then an atomic replace of ``manifest.json``."""
+    manifest["content_sha256"] = content_hash(manifest, [c["sha256"] for c in manifest["chunks"]])
+    blob = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    atomic_write(obs_dir / MANIFEST, lambda fh: fh.write(blob))
+
+
+def append_rows(obs_dir: Path, rows: list[dict[str, Any]]) -> None:
+    with open(obs_dir / SAMPLES, "a") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def committed_rows(obs_dir: Path, manifest: dict[str, Any] | None) -> tuple[list[dict[str, Any]], int]:
+    """``samples.jsonl`` rows of chunks the manifest lists, in file order, and how many lines were not.
+
+    Rows of uncommitted chunks and torn lines (a crash mid-append) are ignored;
+    a committed chunk whose rows are not all there is corruption.
+    """
+    chunks = {c["file"]: int(c["samples"]) for c in (manifest or {}).get("chunks", [])}
+    path = obs_dir / SAMPLES
+    if not path.exists():
+        if chunks:
+            raise ObservationError(f"{path}: missing, but the manifest lists {len(chunks)} chunk(s)")
+        return [], 0
+    rows: list[dict[str, Any]] = []
+    ignored = 0
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    ignored += 1
+                    continue
+                if isinstance(row, dict) and row.get("chunk") in chunks:
+                    rows.append(row)
+                else:
+                    ignored += 1
+    except OSError as exc:
+        raise ObservationError(f"{path}: unreadable ({exc})") from None
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["chunk"]] = counts.get(row["chunk"], 0) + 1
+    short = {name: (counts.get(name, 0), n) for name, n in chunks.items() if counts.get(name, 0) != n}
+    if short:
+        raise ObservationError(f"{path}: rows per chunk (found, expected) do not match the manifest: {short}")
+    return rows, ignored
+
+
+def discard_uncommitted(obs_dir: Path, manifest: dict[str, Any] | None) -> int:
+    """Drop what a crashed run left behind (rows of uncommitted chunks, temp files); returns rows dropped."""
+    for tmp in obs_dir.glob(".*.tmp"):
+        tmp.unlink()
+    rows, ignored = committed_rows(obs_dir, manifest)
+    if ignored:
+        blob = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        atomic_write(obs_dir / SAMPLES, lambda fh: fh.write(blob))
+    return ignored
+
+
 def load_observations(obs_dir: str | Path) -> Observations:
     obs_dir = Path(obs_dir)
     manifest = read_manifest(obs_dir)
     if manifest is None:
         raise ObservationError(f"{obs_dir}: no {MANIFEST} (run reap-swap observe first)")
-    rows: list[dict[str, Any]] = []
-    try:
-        with open(obs_dir / SAMPLES) as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ObservationError(f"{obs_dir / SAMPLES}: unreadable ({exc})") from None
+    rows, _ = committed_rows(obs_dir, manifest)
     by_chunk: dict[str, dict[str, np.ndarray]] = {}
     for chunk in manifest["chunks"]:
         path = obs_dir / chunk["file"]

@@ -6,12 +6,15 @@ does, and runs each chosen expert on its tokens to get ``||E_j(x)||``. Per
 sample it records, for every layer and expert, the summed gate weight, the
 routed-token count and the summed gate x output norm (REAP saliency is the
 latter over the count); per chunk, the token-level co-activation counts.
+
+Long runs checkpoint: every ``checkpoint_every`` batches the finished samples
+become a chunk and the manifest is committed, so a crash loses at most that
+many batches and the next run resumes with the samples not yet committed.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +28,17 @@ from reap_swap.models.families import MoELayout, layout_for, read_config
 from reap_swap.plan import canonical_sha256
 
 from .corpus import CorpusError, Sample, corpus_sha256, read_corpus
-from .observations import FORMAT_VERSION, MANIFEST, SAMPLES, ObservationError, content_hash, file_sha256, read_manifest
+from .observations import (
+    FORMAT_VERSION,
+    ObservationError,
+    append_rows,
+    atomic_write,
+    committed_rows,
+    discard_uncommitted,
+    file_sha256,
+    read_manifest,
+    write_manifest,
+)
 
 
 class LayerStats:
@@ -113,8 +126,12 @@ def observe(
     device: str = "cpu",
     batch_size: int = 8,
     progress: bool = True,
+    checkpoint_every: int = 32,
 ) -> dict[str, Any]:
-    """Observe the corpus samples not yet in ``out_dir``; returns the updated manifest."""
+    """Observe the corpus samples not yet in ``out_dir``; returns the updated manifest.
+
+    Commits a chunk every ``checkpoint_every`` batches (at least one batch).
+    """
     cfg = read_config(model_dir)
     layout = layout_for(cfg)
     config_sha = canonical_sha256(cfg)
@@ -132,10 +149,8 @@ def observe(
         return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False))
 
     samples, cstats = read_corpus(corpus, render, max_samples)
-    known = set()
-    if manifest is not None:
-        with open(out_dir / SAMPLES) as fh:
-            known = {json.loads(line)["id"] for line in fh if line.strip()}
+    discard_uncommitted(out_dir, manifest)  # what a crashed run wrote after its last commit
+    known = {row["id"] for row in committed_rows(out_dir, manifest)[0]}
     todo = [s for s in samples if s.sample_id not in known]
     if manifest is None:
         manifest = {
@@ -155,24 +170,29 @@ def observe(
     manifest["corpus"].setdefault("skipped", {})
     for k, v in cstats.skipped.items():
         manifest["corpus"]["skipped"][k] = manifest["corpus"]["skipped"].get(k, 0) + v
-    if todo:
-        chunk = _observe_chunk(model, tok, layout, todo, out_dir, len(manifest["chunks"]), max_tokens, device, batch_size, progress)
-        manifest["chunks"].append(chunk)
-        manifest["corpus"]["sha256"].append(corpus_sha256(todo))
-        manifest["samples"] += chunk["samples"]
-        manifest["tokens"] += chunk["tokens"]
-    manifest["content_sha256"] = content_hash(manifest, [c["sha256"] for c in manifest["chunks"]])
     manifest["new_samples"] = len(todo)
-    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    from tqdm import tqdm
+
+    per_chunk = max(1, checkpoint_every) * batch_size
+    with tqdm(total=len(todo), desc="observe", unit="sample", disable=not progress, file=sys.stderr) as bar:
+        for start in range(0, len(todo), per_chunk):
+            part = todo[start : start + per_chunk]
+            chunk = _observe_chunk(model, tok, layout, part, out_dir, len(manifest["chunks"]), max_tokens, device, batch_size, bar)
+            manifest["chunks"].append(chunk)
+            manifest["corpus"]["sha256"].append(corpus_sha256(part))
+            manifest["samples"] += chunk["samples"]
+            manifest["tokens"] += chunk["tokens"]
+            write_manifest(out_dir, manifest)
+    if not todo:
+        write_manifest(out_dir, manifest)
     return manifest
 
 
 def _observe_chunk(
     model: torch.nn.Module, tok: Any, layout: MoELayout, todo: list[Sample], out_dir: Path, index: int,
-    max_tokens: int, device: str, batch_size: int, progress: bool,
+    max_tokens: int, device: str, batch_size: int, bar: Any,
 ) -> dict[str, Any]:
-    from tqdm import tqdm
-
+    """Observe ``todo`` and write it as chunk ``index`` (npz, then its rows); the caller commits it."""
     encoded = [tok(s.text, add_special_tokens=False, truncation=True, max_length=max_tokens)["input_ids"] for s in todo]
     n, L, E = len(todo), layout.num_moe_layers, layout.num_experts
     mass = np.zeros((n, L, E), np.float32)
@@ -180,7 +200,6 @@ def _observe_chunk(
     sal = np.zeros((n, L, E), np.float32)
     coact = np.zeros((L, E, E), np.int64)
     t0 = time.perf_counter()
-    bar = tqdm(total=n, desc="observe", unit="sample", disable=not progress, file=sys.stderr)
     for start in range(0, n, batch_size):
         batch = [x for x in encoded[start : start + batch_size]]
         st = observe_batch(model, layout, batch, device)
@@ -188,13 +207,12 @@ def _observe_chunk(
         mass[start:end], freq[start:end], sal[start:end] = st.mass, st.freq, st.saliency
         coact += st.coact
         bar.update(len(batch))
-    bar.close()
     name = f"chunk-{index:04d}.npz"
-    np.savez_compressed(out_dir / name, sample_mass=mass, sample_freq=freq, sample_saliency=sal, coact=coact)
-    with open(out_dir / SAMPLES, "a") as fh:
-        for s, ids in zip(todo, encoded):
-            row = {"id": s.sample_id, "source": s.source, "tags": list(s.tags), "tokens": len(ids), "prompt": s.prompt, "file": s.file, "chunk": name}
-            fh.write(json.dumps(row) + "\n")
+    atomic_write(out_dir / name, lambda fh: np.savez_compressed(fh, sample_mass=mass, sample_freq=freq, sample_saliency=sal, coact=coact))
+    append_rows(out_dir, [
+        {"id": s.sample_id, "source": s.source, "tags": list(s.tags), "tokens": len(ids), "prompt": s.prompt, "file": s.file, "chunk": name}
+        for s, ids in zip(todo, encoded)
+    ])
     tokens = int(sum(len(x) for x in encoded))
     return {"file": name, "samples": n, "tokens": tokens, "sha256": file_sha256(out_dir / name),
             "seconds": round(time.perf_counter() - t0, 2)}
@@ -209,13 +227,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=512, help="token cap per sample")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--checkpoint-every", type=int, default=32, help="commit a chunk every N batches (a crash loses at most N)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is available")
-    if a.max_tokens < 8 or a.batch_size < 1:
-        p.error("--max-tokens must be >= 8 and --batch-size >= 1")
+    if a.max_tokens < 8 or a.batch_size < 1 or a.checkpoint_every < 1:
+        p.error("--max-tokens must be >= 8, --batch-size and --checkpoint-every >= 1")
     try:
-        m = observe(a.model, a.corpus, a.out, a.max_samples, a.max_tokens, a.device, a.batch_size)
+        m = observe(a.model, a.corpus, a.out, a.max_samples, a.max_tokens, a.device, a.batch_size, checkpoint_every=a.checkpoint_every)
     except (CorpusError, ObservationError, ValueError) as exc:
         print(f"reap-swap observe: error: {exc}", file=sys.stderr)
         return 2
