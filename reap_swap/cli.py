@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("reap_swap.classifier.train:main_evaluate", "coverage of the classifier vs static, LFU and oracle"),
     "proxy": ("reap_swap.proxy.cli:main", "OpenAI-compatible routing proxy in front of reap-swap serve"),
     "bench-proxy": ("reap_swap.proxy.bench:main", "proxy overhead and concurrency policies, side by side"),
+    "bench-gpu": ("reap_swap.benchmarks.gpu_bench:main", "stock vLLM vs reap-swap on the GPU, one process per arm (table + JSON)"),
 }
 
 

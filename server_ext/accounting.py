@@ -83,7 +83,8 @@ class RoutingAccounting:
         rows = torch.from_numpy(np.repeat(slots, layout.num_tokens))
         if self.cuda:
             i = self._ring = (self._ring + 1) % _STAGE_RING
-            self._stage_events[i].synchronize()  # the copy issued _STAGE_RING steps ago; long done
+            if not self._stage_events[i].query():  # the copy issued _STAGE_RING steps ago is long done
+                self._stage_events[i].synchronize()
             self._stage[i, :t].copy_(rows)
             self.arena.row_slot[:t].copy_(self._stage[i, :t], non_blocking=True)
             self._stage_events[i].record()
@@ -103,7 +104,7 @@ class RoutingAccounting:
         """Book drains whose copies have landed; never blocks."""
         for slot, d in list(self._pending.items()):
             if d.event.query():
-                self._book_slot(slot)
+                self._book_slot(slot, landed=True)
 
     def flush(self) -> None:
         """Book everything so far, live requests included (blocks; for reports, not per step)."""
@@ -115,7 +116,8 @@ class RoutingAccounting:
     def reset(self) -> None:
         """Forget all sums, on the device and in flight (the ledger is reset by its owner)."""
         for slot in list(self._pending):
-            self._pending[slot].event.synchronize()
+            if not self._pending[slot].event.query():
+                self._pending[slot].event.synchronize()
             del self._pending[slot]
         self.arena.acc.zero_()
         self._tally.clear()
@@ -136,9 +138,10 @@ class RoutingAccounting:
         event.record()
         self._pending[slot] = _Drain(request_id, tokens, steps, event)
 
-    def _book_slot(self, slot: int) -> None:
+    def _book_slot(self, slot: int, landed: bool = False) -> None:
         d = self._pending.pop(slot)
-        d.event.synchronize()
+        if not landed and not d.event.query():
+            d.event.synchronize()
         self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps)
 
     def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int) -> None:

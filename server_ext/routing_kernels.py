@@ -29,6 +29,7 @@ import torch
 ROUTED, MISSED, MASS, MISSED_MASS = 0, 1, 2, 3
 COMPONENTS = 4
 _BLOCK = 1024
+_SMALL_BLOCK = 128
 
 
 def miss_code(ids: torch.Tensor, phys: torch.Tensor, host_row_offset: int) -> torch.Tensor:
@@ -109,7 +110,9 @@ def remap_and_capture_triton(
     n_elem = ids.numel()
     if n_elem:
         remap, _ = _kernels()
-        remap[(-(-n_elem // _BLOCK),)](ids, w, phys_map, out, cap_codes, cap_weights, n_elem, host_row_offset, BLOCK=_BLOCK)
+        # Decode steps (a few tokens x top-k) fit one small single-warp program: its latency is the cost.
+        block, warps = (_SMALL_BLOCK, 1) if n_elem <= _SMALL_BLOCK else (_BLOCK, 4)
+        remap[(-(-n_elem // block),)](ids, w, phys_map, out, cap_codes, cap_weights, n_elem, host_row_offset, BLOCK=block, num_warps=warps)
     return out
 
 

@@ -1,0 +1,266 @@
+"""One arm of ``reap-swap bench-gpu``, in its own process (``python -m reap_swap.benchmarks.gpu_arm SPEC OUT``).
+
+The spec (JSON, written by ``gpu_bench``) says which engine to build: stock
+vLLM (optionally with ``cpu_offload_gb``) or vLLM with reap-swap residency at
+a slot count. Results are merged into OUT as they come, so a timeout keeps
+what was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+T0 = time.perf_counter()
+
+
+class Results:
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = {}
+
+    def save(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, self.path)
+        print(f"[{time.perf_counter() - T0:7.1f}s] {key} = {json.dumps(value)[:300]}", flush=True)
+
+
+def _environment(spec: dict[str, Any]) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if spec["kind"] == "reap":
+        from reap_swap.server_ext import config as rc
+
+        os.environ[rc.ENV_SLOTS] = str(spec["slots"])
+        layers, slots = spec["layers"], spec["slots"]
+        os.environ[rc.ENV_START] = json.dumps({f"layer_{i}": list(range(slots)) for i in range(layers)})
+        os.environ[rc.ENV_ACCOUNTING] = "1"
+
+
+def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        model=spec["model"],
+        dtype=spec["dtype"],
+        load_format="dummy",
+        max_model_len=spec["max_model_len"],
+        enable_prefix_caching=False,
+        seed=0,
+        max_num_seqs=spec["batch"],
+    )
+    if spec["device"] == "cuda":
+        kw.update(
+            gpu_memory_utilization=0.92,
+            kv_cache_memory_bytes=int(spec["kv_cache_gib"] * 2**30),
+            compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8]},
+        )
+    if spec.get("offload_gib"):
+        kw.update(cpu_offload_gb=spec["offload_gib"], cpu_offload_params={"experts"})
+    if spec["kind"] == "reap":
+        kw.update(worker_extension_cls="reap_swap.server_ext.worker_ext.ReapWorkerExtension")
+    return kw
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    out: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def _memory(spec: dict[str, Any], init_s: float) -> dict[str, Any]:
+    import torch
+
+    mem: dict[str, Any] = {"llm_init_s": init_s}
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        mem["gpu_used_gib"] = (total - free) / 2**30
+        mem["kv_cache_gib"] = spec["kv_cache_gib"]
+    mem["pinned_host_gib"] = float(spec.get("offload_gib") or 0.0)
+    return mem
+
+
+def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, Any]:
+    """torch.profiler over ``steps`` decode steps of one request: syncs and launches per step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import SamplingParams
+
+    from reap_swap.benchmarks.profile_counts import per_step_counts
+
+    eng = llm.llm_engine
+    eng.add_request("bench-profile", prompt, SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
+    for _ in range(4):  # prefill and a few decode steps outside the window
+        eng.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            eng.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    while eng.has_unfinished_requests():
+        eng.step()
+    averages = prof.key_averages()
+    counts = per_step_counts(((e.key, int(e.count)) for e in averages), steps)
+    ours = {}
+    for e in averages:
+        if "remap_capture_kernel" in e.key or "accumulate_kernel" in e.key:
+            dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            ours[e.key] = {"count_per_step": e.count / steps, "device_us_per_step": float(dev_us) / steps}
+    counts["reap_kernels"] = ours
+    counts["steps"] = steps
+    counts["top_cpu_calls"] = [(e.key, int(e.count)) for e in sorted(averages, key=lambda e: -e.count)[:25]]
+    return counts
+
+
+def _link_gbps(llm: Any) -> dict[str, float]:
+    """Host link speed seen by the GPU: a kernel reading host-bank rows (UVA), and a pinned H2D copy."""
+
+    def fn(worker: Any) -> dict[str, float]:
+        import torch
+
+        bank = next(iter(worker.reap_runtime.banks.values()))
+        name = max(bank.params, key=lambda n: bank.row_bytes[n])
+        data = bank.params[name].data
+        host = data[bank.table.host_row_offset :]
+        dev = torch.empty_like(host)
+        out: dict[str, float] = {}
+        for label, op in (("uva_read_gbps", lambda: host.sum(dtype=torch.float32)), ("h2d_copy_gbps", lambda: dev.copy_(host, non_blocking=True))):
+            op()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                op()
+            end.record()
+            end.synchronize()
+            out[label] = 5 * host.numel() * host.element_size() / (start.elapsed_time(end) / 1e3) / 1e9
+        del dev
+        return out
+
+    return llm.collective_rpc(fn)[0]
+
+
+def run(spec: dict[str, Any], res: Results) -> None:
+    _environment(spec)
+    from reap_swap.benchmarks import llm_probe as probe
+
+    res.save("spec", spec)
+    res.save("versions", _versions())
+    kw = _engine_kwargs(spec)
+    res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
+    from vllm import LLM
+
+    t = time.perf_counter()
+    llm = LLM(**kw)
+    res.save("memory", _memory(spec, time.perf_counter() - t))
+    reap = spec["kind"] == "reap"
+    if reap:
+        info = llm.collective_rpc("reap_install")[0]
+        res.save("reap_install", {k: v for k, v in info.items() if k != "resident"})
+        res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
+        res.save("memory", res.data["memory"])
+    res.save("gates_reseeded", llm.apply_model(probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
+
+    bs1 = probe.random_prompts(1, spec["prompt_len"], spec["vocab"], seed=0)
+    bs8 = probe.random_prompts(spec["batch"], spec["prompt_len"], spec["vocab"], seed=1)
+    resident: dict[str, list[int]] | None = None
+    if reap and spec.get("calibrate"):
+        # observe + plan on a calibration workload unlike the timed prompts: keep each layer's most used experts
+        calib = probe.random_prompts(4, spec["prompt_len"], spec["vocab"], seed=100)
+        llm.collective_rpc("reap_reset_router_stats")
+        probe.generate(llm, calib, spec["gen"])
+        report = llm.collective_rpc("reap_router_misses", args=("__all__",))[0]
+        swap = llm.collective_rpc("reap_swap", args=(probe.top_mass_target(report, spec["slots"]),))[0]
+        resident = swap["resident"]
+        res.save("calibration", {"prompts": 4, "tokens_each": spec["gen"], "experts_loaded": swap["experts_loaded"], "bytes_copied": swap["bytes_copied"]})
+        llm.collective_rpc("reap_reset_router_stats")
+
+    r1 = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
+    tokens = r1.pop("tokens")[0]
+    res.save("bs1", r1)
+    res.save("tokens_bs1", tokens)
+    if spec.get("ref_tokens") is not None:
+        ref = spec["ref_tokens"]
+        res.save("identical_ids", tokens == ref)
+        res.save("first_diff", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
+    r8 = probe.decode_rate(llm, bs8, spec["gen_bs8"], spec["reps"])
+    tokens8 = r8.pop("tokens")
+    res.save("bs8", r8)
+    res.save("tokens_bs8", tokens8)
+    if spec.get("ref_tokens_bs8") is not None:
+        res.save("identical_ids_bs8", tokens8 == spec["ref_tokens_bs8"])
+    if reap:
+        res.save("hits_bs1", probe.decode_hits(llm, bs1, spec["gen"]))
+        res.save("hits_bs8", probe.decode_hits(llm, bs8, spec["gen_bs8"]))
+    if reap and spec.get("accounting_off_check"):
+        llm.collective_rpc("reap_set_accounting", args=(False,))
+        off = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
+        off.pop("tokens")
+        res.save("bs1_accounting_off", off)
+        llm.collective_rpc("reap_set_accounting", args=(True,))
+    if spec.get("profile_steps"):
+        res.save("profile", _profile(llm, bs1[0], spec["profile_steps"]))
+    if reap and spec["device"] == "cuda" and spec.get("sweep"):
+        res.save("link", _link_gbps(llm))
+    if reap and spec.get("sweep") and resident is not None:
+        _sweep(llm, spec, res, bs1, resident)
+    res.save("done_s", time.perf_counter() - T0)
+
+
+def _sweep(llm: Any, spec: dict[str, Any], res: Results, bs1: list[dict[str, list[int]]], resident: dict[str, list[int]]) -> None:
+    """Decode speed against hit rate: steer routing toward the resident experts by scaling their router rows."""
+    from reap_swap.benchmarks import llm_probe as probe
+
+    rows = {int(k.removeprefix("layer_")): v for k, v in resident.items()}
+    calibration = []
+    for f in spec["sweep"]["grid"]:
+        llm.apply_model(probe.scale_gate_rows(rows, f))
+        calibration.append((f, probe.decode_hits(llm, bs1, spec["sweep"]["calib_gen"])["hit_rate_decode"]))
+    res.save("sweep_calibration", calibration)
+    points = []
+    for f in probe.interpolate_factors(calibration, spec["sweep"]["targets"]):
+        llm.apply_model(probe.scale_gate_rows(rows, f))
+        r = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
+        r.pop("tokens")
+        h = probe.decode_hits(llm, bs1, spec["gen"])
+        points.append({"factor": f, "hit_rate": h["hit_rate_decode"], "decode_tok_s": r["decode_tok_s"], "tn_s": r["tn_s"], "t1_s": r["t1_s"]})
+        res.save("sweep", points)
+    llm.apply_model(probe.scale_gate_rows(rows, 1.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m reap_swap.benchmarks.gpu_arm SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    res = Results(Path(args[1]))
+    try:
+        run(spec, res)
+    except Exception as exc:  # the orchestrator reports it beside the other arms
+        import traceback
+
+        res.save("error", f"{type(exc).__name__}: {exc}")
+        res.save("traceback", traceback.format_exc()[-4000:])
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow teardown; everything is written
+
+
+if __name__ == "__main__":
+    main()

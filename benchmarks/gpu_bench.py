@@ -1,0 +1,177 @@
+"""``reap-swap bench-gpu``: stock vLLM vs reap-swap residency, side by side, one process per arm.
+
+Arms (in this order, each a fresh process so no arm inherits another's
+caches or memory):
+
+* ``stock_gpu``      stock vLLM, every weight on the GPU (its greedy ids are the reference)
+* ``stock_offload``  stock vLLM, ``cpu_offload_gb`` of experts on the host: the same GPU
+                     bytes of experts as ``reap_30``
+* ``reap_all``       reap-swap, every expert resident (the cost of the residency path);
+                     also timed with miss accounting off, and profiled (syncs per step)
+* ``reap_30``        reap-swap, 30 % of each layer's experts resident: the experts a
+                     calibration run used most (what observe + plan keep); then the
+                     hit-rate sweep against the host-link law
+
+All arms share the model (a config with the chosen expert shape, vLLM dummy
+weights) and re-seed each layer's router alike, so routing differs per layer
+and is the same in every arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from reap_swap.paths import bundled_model_dir
+
+from .gpu_report import arm_summary, law_check, markdown, ratios
+from .shapes import SHAPES, write_model_dir
+
+ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30")
+SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
+
+
+def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any]]:
+    shape = SHAPES[args.shape]
+    slots30 = max(1, round(args.slots_fraction * shape.experts))
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    base = {
+        "model": str(model_dir),
+        "device": args.device,
+        "dtype": "bfloat16" if args.device == "cuda" else "float32",
+        "layers": shape.layers,
+        "vocab": vocab,
+        "max_model_len": args.prompt_len + max(args.gen, args.gen_bs8) + 64,
+        "kv_cache_gib": args.kv_cache_gib,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "gen": args.gen,
+        "gen_bs8": args.gen_bs8,
+        "reps": args.reps,
+        "gate_seed": 1000,
+        "gate_scale": 1e-3,
+    }
+    specs = {
+        "stock_gpu": {**base, "name": "stock_gpu", "kind": "stock", "profile_steps": args.profile_steps},
+        "stock_offload": {**base, "name": "stock_offload", "kind": "stock", "offload_gib": shape.offload_gib_for_slots(slots30)},
+        "reap_all": {
+            **base,
+            "name": "reap_all",
+            "kind": "reap",
+            "slots": shape.experts,
+            "accounting_off_check": True,
+            "profile_steps": args.profile_steps,
+        },
+        "reap_30": {**base, "name": "reap_30", "kind": "reap", "slots": slots30, "calibrate": True, "sweep": SWEEP if args.sweep else None},
+    }
+    return [specs[a] for a in args.arms]
+
+
+def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) -> dict[str, Any]:
+    spec_path = workdir / f"{spec['name']}.spec.json"
+    out_path = workdir / f"{spec['name']}.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "reap_swap.benchmarks.gpu_arm", str(spec_path), str(out_path)]
+    t = time.perf_counter()
+    with log.open("ab") as fh:
+        fh.write(f"\n==== {spec['name']} ====\n".encode())
+        fh.flush()
+        try:
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s, env=os.environ.copy())
+            rc: int | str = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    raw = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    raw["wall_s"] = time.perf_counter() - t
+    if rc != 0 and "error" not in raw:
+        raw["error"] = f"arm process ended with {rc} (log: {log})"
+    return raw
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="reap-swap bench-gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="30b-a3b-24l", help="model shape (config only; vLLM dummy weights)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident in reap_30")
+    p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
+    p.add_argument("--gen-bs8", type=int, default=32, help="tokens generated per request in the batch timing")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions (medians) after one warm-up")
+    p.add_argument("--kv-cache-gib", type=float, default=4.0)
+    p.add_argument("--profile-steps", type=int, default=20, help="decode steps under torch.profiler (0: no profile)")
+    p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the hit-rate sweep")
+    p.add_argument("--deadline-s", type=float, default=580.0, help="wall-clock budget for all arms")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"))
+    p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
+    p.add_argument("--workdir", type=Path, help="model dir, specs, per-arm JSON and logs (default: a temp dir)")
+    args = p.parse_args(argv)
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in args.arms if a not in ARMS]
+    if bad or not args.arms:
+        p.error(f"unknown arm(s) {bad}; choose from {', '.join(ARMS)}")
+    if not 0 < args.slots_fraction <= 1:
+        p.error("--slots-fraction must be in (0, 1]")
+    if args.gen < 2 or args.gen_bs8 < 2 or args.reps < 1 or args.batch < 1:
+        p.error("--gen and --gen-bs8 must be >= 2, --reps and --batch >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    shape = SHAPES[args.shape]
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if args.device == "cuda" else "float32")
+    log = workdir / "arms.log"
+    deadline = time.monotonic() + args.deadline_s
+    raw: dict[str, dict[str, Any]] = {}
+    ref_tokens: tuple[Any, Any] = (None, None)
+    for spec in build_specs(args, model_dir):
+        left = deadline - time.monotonic()
+        if left < 30:
+            raw[spec["name"]] = {"spec": spec, "error": "not run: the deadline was reached"}
+            continue
+        spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens
+        print(f"bench-gpu: arm {spec['name']} ({left:.0f} s left)", flush=True)
+        raw[spec["name"]] = run_arm(spec, workdir, left, log)
+        if spec["name"] == "stock_gpu":
+            ref_tokens = (raw["stock_gpu"].get("tokens_bs1"), raw["stock_gpu"].get("tokens_bs8"))
+    versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
+    arms = {name: arm_summary(r, shape) for name, r in raw.items()}
+    result: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv),
+        "gpu": versions.get("gpu"),
+        "vllm": versions.get("vllm"),
+        "torch": versions.get("torch"),
+        "versions": versions,
+        "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "arms": arms,
+        "ratios": ratios(arms),
+        "syncs_per_decode_step": arms.get("reap_all", {}).get("syncs_per_decode_step"),
+        "syncs_per_decode_step_stock": arms.get("stock_gpu", {}).get("syncs_per_decode_step"),
+        "law": law_check(raw, shape),
+        "raw": raw,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    table = markdown(result)
+    (args.md or args.out.with_suffix(".md")).write_text(table)
+    print(table)
+    print(f"wrote {args.out} (per-arm logs: {log})")
+    return 0 if not any(a.get("error") for a in arms.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Per-step counts of host synchronizations and launches from a torch.profiler trace (pure).
+
+Names are the CUDA runtime / driver API calls the profiler records on the CPU side.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize")
+# A plain cudaMemcpy (not ...Async) blocks the host until the copy is done.
+BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemset")
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def per_step_counts(events: Iterable[tuple[str, int]], steps: int) -> dict[str, float]:
+    """``events``: (name, count) pairs from ``prof.key_averages()``; returns counts per step."""
+    totals = {"syncs": 0, "blocking_copies": 0, "launches": 0, "graph_launches": 0}
+    by_name: dict[str, int] = {}
+    for name, count in events:
+        if name in SYNC_CALLS:
+            totals["syncs"] += count
+            by_name[name] = by_name.get(name, 0) + count
+        elif name in BLOCKING_COPIES:
+            totals["blocking_copies"] += count
+            by_name[name] = by_name.get(name, 0) + count
+        elif name in LAUNCHES:
+            totals["launches"] += count
+            if name == "cudaGraphLaunch":
+                totals["graph_launches"] += count
+    out: dict[str, float] = {k: v / steps for k, v in totals.items()}
+    out.update({f"{k}_per_step": v / steps for k, v in sorted(by_name.items())})
+    return out

