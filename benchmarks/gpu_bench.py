@@ -114,6 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"))
     p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
     p.add_argument("--workdir", type=Path, help="model dir, specs, per-arm JSON and logs (default: a temp dir)")
+    p.add_argument("--rebuild", type=Path, help="no run: rebuild --out and the table from this earlier result JSON")
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in ARMS]
@@ -129,6 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     shape = SHAPES[args.shape]
+    if args.rebuild:
+        # Table and summary again from a finished run's raw arm results (e.g. after the report changed).
+        old = json.loads(args.rebuild.read_text())
+        return _write(summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {})), args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if args.device == "cuda" else "float32")
@@ -146,31 +151,43 @@ def main(argv: list[str] | None = None) -> int:
         raw[spec["name"]] = run_arm(spec, workdir, left, log)
         if spec["name"] == "stock_gpu":
             ref_tokens = (raw["stock_gpu"].get("tokens_bs1"), raw["stock_gpu"].get("tokens_bs8"))
+    command = "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    return _write(summarize(raw, shape, date, command, settings), args)
+
+
+def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
     versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
-    result: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv),
+    syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
+    return {
+        "date": date,
+        "command": command,
         "gpu": versions.get("gpu"),
         "vllm": versions.get("vllm"),
         "torch": versions.get("torch"),
         "versions": versions,
         "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings,
         "arms": arms,
         "ratios": ratios(arms),
-        "syncs_per_decode_step": arms.get("reap_all", {}).get("syncs_per_decode_step"),
-        "syncs_per_decode_step_stock": arms.get("stock_gpu", {}).get("syncs_per_decode_step"),
+        "syncs_per_decode_step": syncs,
+        "syncs_per_decode_step_stock": syncs_stock,
+        "syncs_added_per_decode_step": syncs - syncs_stock if syncs is not None and syncs_stock is not None else None,
         "law": law_check(raw, shape),
         "raw": raw,
     }
+
+
+def _write(result: dict[str, Any], args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     table = markdown(result)
     (args.md or args.out.with_suffix(".md")).write_text(table)
     print(table)
-    print(f"wrote {args.out} (per-arm logs: {log})")
-    return 0 if not any(a.get("error") for a in arms.values()) else 1
+    print(f"wrote {args.out}")
+    return 0 if not any(a.get("error") for a in result["arms"].values()) else 1
 
 
 if __name__ == "__main__":

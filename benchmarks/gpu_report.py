@@ -119,6 +119,9 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v, '.3f')} |" for k, v in result["ratios"].items()]
+    if result.get("syncs_per_decode_step") is not None:
+        lines += ["", f"Host synchronizations per decode step (torch.profiler, batch 1): reap_all {result['syncs_per_decode_step']:.2f}, "
+                  f"stock {_fmt(result.get('syncs_per_decode_step_stock'), '.2f')}; added by reap-swap: {_fmt(result.get('syncs_added_per_decode_step'), '.2f')}."]
     law = result.get("law")
     if law:
         lines += [
