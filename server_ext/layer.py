@@ -25,8 +25,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from . import config as reap_config
 from .arena import arena_for
 from .bank import ExpertBank, PlainBacking
-from .logical_experts import install as install_logical_experts
-from .logical_experts import logical_experts
+from . import logical_experts
 from .routing_kernels import remap_and_capture
 
 logger = logging.getLogger("reap_swap.server_ext")
@@ -108,7 +107,8 @@ class ResidentRoutedExperts(RoutedExperts):
             # The fused kernels size their expert histograms from this count; their tile
             # config and path still follow the logical count (logical_experts.py).
             self.global_num_experts = self.reap_bank.table.physical_rows
-            install_logical_experts()
+            logical_experts.register(self.reap_bank.table.physical_rows, self.reap_bank.num_experts)
+            logical_experts.install()
         logger.debug(
             "reap-swap layer %d: %d slots (%d rows, %.3f GiB) + %d host rows (%.3f GiB, %s), %d resident at start",
             self.reap_layer_id,
@@ -135,14 +135,6 @@ class ResidentRoutedExperts(RoutedExperts):
             topk_ids = remap_and_capture(
                 topk_ids, topk_weights, self.reap_phys_map, self.reap_host_offset, self.reap_codes, self.reap_weights
             )
-            with logical_experts(self.reap_bank.num_experts):
-                return super().forward_modular(
-                    x=x,
-                    topk_weights=topk_weights,
-                    topk_ids=topk_ids,
-                    shared_experts=shared_experts,
-                    shared_experts_input=shared_experts_input,
-                )
         return super().forward_modular(
             x=x,
             topk_weights=topk_weights,

@@ -8,34 +8,36 @@ count: the tuned tile config (looked up by ``E`` in its config files; a
 config) and whether a small batch skips the alignment step
 (``num_tokens * top_k * 4 <= E``). Both must follow the model's logical
 expert count, or residency changes the kernels that run: slower tiles and,
-with other tile sizes, other rounding than stock. While a banked layer runs
-its experts, a context variable holds the logical count; the two vLLM
-functions are wrapped to use it (and behave exactly as before otherwise).
+with other tile sizes, other rounding than stock. Each bank registers its
+physical row count with the logical count; the two vLLM functions are wrapped
+to translate registered counts (and behave exactly as before otherwise).
+Registration happens at load, not per step, so nothing here runs inside the
+traced or captured forward.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 logger = logging.getLogger("reap_swap.server_ext")
 
-_LOGICAL_EXPERTS: contextvars.ContextVar[int | None] = contextvars.ContextVar("reap_logical_experts", default=None)
+# Registry: physical row count of a bank -> the model's logical expert count.
+_LOGICAL_OF_PHYSICAL: dict[int, int] = {}
 _MODULES = (
     "vllm.model_executor.layers.fused_moe.fused_moe",
     "vllm.model_executor.layers.fused_moe.experts.triton_moe",
 )
 
 
-@contextlib.contextmanager
-def logical_experts(count: int) -> Iterator[None]:
-    token = _LOGICAL_EXPERTS.set(count)
-    try:
-        yield
-    finally:
-        _LOGICAL_EXPERTS.reset(token)
+def register(physical_rows: int, logical_experts: int) -> None:
+    known = _LOGICAL_OF_PHYSICAL.setdefault(physical_rows, logical_experts)
+    if known != logical_experts:
+        raise ValueError(f"banks of {physical_rows} rows hold both {known} and {logical_experts} experts")
+
+
+def logical_count(rows: int) -> int | None:
+    return _LOGICAL_OF_PHYSICAL.get(rows)
 
 
 def stock_takes_naive_path(num_tokens: int, top_k: int, experts: int) -> bool:
@@ -49,7 +51,7 @@ def with_logical_rows(shape: Any, logical: int) -> tuple[int, ...]:
 
 def wrap_config_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
     def try_get_optimal_moe_config(w1_shape: Any, w2_shape: Any, *args: Any, **kwargs: Any) -> Any:
-        logical = _LOGICAL_EXPERTS.get()
+        logical = logical_count(int(tuple(w2_shape)[0]))
         if logical is not None:
             w1_shape, w2_shape = with_logical_rows(w1_shape, logical), with_logical_rows(w2_shape, logical)
         return original(w1_shape, w2_shape, *args, **kwargs)
@@ -64,7 +66,7 @@ def wrap_expert_assignment(original: Callable[..., Any], align: Callable[..., An
     def _prepare_expert_assignment(
         topk_ids: Any, config: dict[str, Any], num_tokens: int, top_k_num: int, global_num_experts: int, expert_map: Any, **kwargs: Any
     ) -> Any:
-        logical = _LOGICAL_EXPERTS.get()
+        logical = logical_count(global_num_experts)
         if (
             logical is not None
             and expert_map is None

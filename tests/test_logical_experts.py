@@ -1,10 +1,15 @@
-"""The fused-MoE path and tile config follow the model's logical expert count, not the bank's rows."""
+"""The fused-MoE path and tile config follow the model's logical expert count, not the bank's rows.
+
+The registry is process-wide; the tests use row counts no other test registers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from reap_swap.server_ext.logical_experts import logical_experts, stock_takes_naive_path, wrap_config_lookup, wrap_expert_assignment
+import pytest
+
+from reap_swap.server_ext import logical_experts as le
+from reap_swap.server_ext.logical_experts import stock_takes_naive_path, wrap_config_lookup, wrap_expert_assignment
 
 
 def _fakes() -> tuple[list[Any], Any, Any, Any]:
@@ -27,17 +32,19 @@ def test_config_lookup_sees_logical_rows_only_inside_a_banked_layer() -> None:
     calls, config, _, _ = _fakes()
     lookup = wrap_config_lookup(config)
     lookup((256, 1536, 2048), (256, 2048, 768), 8, None, 8)
-    with logical_experts(128):
-        lookup((256, 1536, 2048), (256, 2048, 768), 8, None, 8)
+    le.register(250, 128)
+    lookup((250, 1536, 2048), (250, 2048, 768), 8, None, 8)
     assert calls == [("config", 256, 256), ("config", 128, 128)]
+    with pytest.raises(ValueError):
+        le.register(250, 64)
 
 
 def test_alignment_decision_follows_the_logical_count() -> None:
     _, _, prepare, align = _fakes()
     prep = wrap_expert_assignment(prepare, align)
     # 8 tokens x top-8: stock with 128 experts aligns (256 > 128); 256 physical rows alone would go naive.
-    assert prep(None, {"BLOCK_SIZE_M": 16}, 8, 8, 256, None) == "naive"
-    with logical_experts(128):
-        assert prep(None, {"BLOCK_SIZE_M": 16}, 8, 8, 256, None) == "align:256"
-        assert prep(None, {"BLOCK_SIZE_M": 16}, 4, 8, 256, None) == "naive"  # stock is naive here too
-        assert prep(None, {"BLOCK_SIZE_M": 16}, 64, 8, 256, None) == "align:256"
+    assert prep(None, {"BLOCK_SIZE_M": 16}, 8, 8, 258, None) == "naive"  # not a registered bank: untouched
+    le.register(258, 128)
+    assert prep(None, {"BLOCK_SIZE_M": 16}, 8, 8, 258, None) == "align:258"
+    assert prep(None, {"BLOCK_SIZE_M": 16}, 4, 8, 258, None) == "naive"  # stock is naive here too
+    assert prep(None, {"BLOCK_SIZE_M": 16}, 64, 8, 258, None) == "align:258"
