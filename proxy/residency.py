@@ -6,14 +6,24 @@ requests arriving together share one swap (later ones find their generation
 already installed: "coalesced"). A request waits for its install at most
 ``wait_s``; past that it is forwarded anyway and the install finishes in the
 background. A failed swap never fails a request: it is recorded.
+
+Wishes are released when their request ends, and expire after ``wish_ttl_s``
+whatever happens, so a request that never ends cannot bias the union policy
+forever. The backend's plan identity is checked on every sync (and every
+swap answer): a backend serving another plan gets no swaps until it serves
+this one. When the backend's resident set is not the one this proxy last
+installed (an operator, another proxy), the proxy re-reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from cachetools import TTLCache
 
 from reap_swap.selection import to_payload
 from reap_swap.server_ext.active_set import signature
@@ -21,10 +31,13 @@ from reap_swap.server_ext.active_set import signature
 from .backend import BackendClient, BackendError
 from .policy import Decision, ResidencyPolicy, Resident, Wish
 
+logger = logging.getLogger("reap_swap.proxy")
+SYNC_RETRY_S = 2.0
+
 
 @dataclass
 class SwapOutcome:
-    status: str  # swapped | kept | coalesced | timeout | failed | disabled
+    status: str  # swapped | kept | coalesced | timeout | failed | rate_limited | disabled
     signature: str
     reason: str = ""
     bytes_copied: int = 0
@@ -37,28 +50,78 @@ class SwapOutcome:
 
 
 class ResidencyCoordinator:
-    def __init__(self, backend: BackendClient, policy: ResidencyPolicy, prior: dict[int, Sequence[float]], wait_s: float = 2.0):
+    def __init__(self, backend: BackendClient, policy: ResidencyPolicy, prior: dict[int, Sequence[float]], wait_s: float = 2.0,
+                 wish_ttl_s: float = 900.0, max_wishes: int = 4096):
         self.backend = backend
         self.policy = policy
         self.prior = prior
         self.wait_s = wait_s
-        self.wishes: dict[str, Wish] = {}
+        self.plan_sha = policy.plan.sha256
+        self.wishes: TTLCache[str, Wish] = TTLCache(max_wishes, wish_ttl_s)
         self.current: Resident = {i: tuple(lp.core) for i, lp in policy.plan.layers.items()}
         self._lock = asyncio.Lock()
         self._generation = 0
         self._installed = 0
         self._last: SwapOutcome | None = None
+        self._last_sync_try = -1e9
         self.synced = False
+        self.disabled: str | None = None
+        """Why no swap is sent (the backend serves another plan); None when residency is on."""
+        self.last_error: str | None = None
+        self.resyncs = 0
+        self.drifts = 0
+
+    def state(self) -> dict[str, Any]:
+        return {"synced": self.synced, "plan_sha256": self.plan_sha, "plan_matches": self.synced and self.disabled is None,
+                "disabled": self.disabled, "signature": signature(self.current), "wishes_in_flight": len(self.wishes),
+                "resyncs": self.resyncs, "drifts": self.drifts, "last_error": self.last_error}
 
     async def sync(self) -> None:
-        """Adopt the backend's resident set (at start-up and after a failed swap)."""
+        """Adopt the backend's resident set and check it serves our plan (start-up, failures, drift)."""
+        self._last_sync_try = time.monotonic()
         status = await self.backend.status()
+        backend_sha = str((status.get("plan") or {}).get("sha256", ""))
+        if backend_sha != self.plan_sha:
+            self.disabled = (f"backend serves plan {backend_sha[:16] or '(none)'}, this proxy has {self.plan_sha[:16]}: "
+                             "no swaps until they match")
+            logger.error("reap-swap proxy: %s", self.disabled)
+        else:
+            self.disabled = None
         by_layer = status["resident"]["by_layer"]
         self.current = {int(k.removeprefix("layer_")): tuple(v) for k, v in by_layer.items()}
         self.synced = True
+        self.resyncs += 1
+
+    async def _maybe_sync(self) -> None:
+        if (self.synced and self.disabled is None) or time.monotonic() - self._last_sync_try < SYNC_RETRY_S:
+            return
+        try:
+            await self.sync()
+        except Exception as exc:  # noqa: BLE001 - the backend may not be up yet
+            self.last_error = f"sync: {type(exc).__name__}: {exc}"
+
+    async def refresh(self) -> None:
+        """Re-read the backend (plan identity, resident set) if the last read is older than SYNC_RETRY_S."""
+        if self._lock.locked() or time.monotonic() - self._last_sync_try < SYNC_RETRY_S:
+            return
+        async with self._lock:
+            try:
+                await self.sync()
+            except Exception as exc:  # noqa: BLE001
+                self.synced = False
+                self.last_error = f"sync: {type(exc).__name__}: {exc}"
+
+    def observe_signature(self, backend_signature: str | None) -> None:
+        """A signature the backend reported (e.g. with router misses): schedule a re-read if it is not ours."""
+        if backend_signature and backend_signature != signature(self.current) and not self._lock.locked():
+            self.synced = False
+            self._last_sync_try = -1e9
 
     async def admit(self, request_id: str, wish: Wish) -> SwapOutcome:
         self.wishes[request_id] = wish
+        await self._maybe_sync()
+        if self.disabled is not None or not self.synced:
+            return SwapOutcome("disabled", signature(self.current), self.disabled or f"backend state unknown ({self.last_error})")
         self._generation += 1
         gen = self._generation
         t0 = time.perf_counter()
@@ -94,14 +157,22 @@ class ResidencyCoordinator:
         t0 = time.perf_counter()
         try:
             res = await self.backend.swap(payload)
-        except (BackendError, OSError, Exception) as exc:  # noqa: BLE001 - a swap never fails the request
-            try:
-                await self.sync()
-            except Exception:  # noqa: BLE001
-                pass
-            return SwapOutcome("failed", signature(self.current), f"{type(exc).__name__}: {exc}", installed_by=request_id,
+        except Exception as exc:  # noqa: BLE001 - a swap never fails the request
+            self.last_error = f"swap: {type(exc).__name__}: {exc}"
+            status = "rate_limited" if isinstance(exc, BackendError) and exc.status == 429 else "failed"
+            if status == "failed":
+                try:
+                    await self.sync()
+                except Exception:  # noqa: BLE001
+                    self.synced = False
+            return SwapOutcome(status, signature(self.current), f"{type(exc).__name__}: {exc}", installed_by=request_id,
                                backend_ms=(time.perf_counter() - t0) * 1e3)
-        self.current = dict(decision.target)
+        if res.get("plan_sha256") != self.plan_sha or res.get("active_set_signature") != decision.signature:
+            await self.sync()  # another plan, validate-only, or a state we did not expect: read the truth
+        else:
+            if res.get("previous_signature") not in (None, signature(self.current)):
+                self.drifts += 1  # someone else changed the set; the full target just overwrote it
+            self.current = dict(decision.target)
         return SwapOutcome(
             "swapped", res.get("active_set_signature", decision.signature), decision.reason,
             bytes_copied=int(res.get("bytes_copied", 0)), experts_loaded=int(res.get("experts_loaded", 0)),
