@@ -290,6 +290,8 @@ def test_token_bucket_refills_at_its_rate() -> None:
     ("cmpl-abc-0-1a2b3c4d", "abc-0", False),
     ("cmpl-abc-0-1a2b3c4d", "cmpl-abc-0", False),
     ("chatcmpl-abcd-1a2b3c4d", "abc", False),
+    ("3_cmpl-abc-0-1a2b3c4d", "abc", True),  # child 3 of an n > 1 request
+    ("3_chatcmpl-abc-1-1a2b3c4d", "abc", False),
 ])
 def test_engine_ids_match_exactly(engine: str, client: str, expected: bool) -> None:
     assert engine_id_matches_exact(engine, client) is expected
