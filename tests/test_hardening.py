@@ -488,3 +488,34 @@ def test_sample_identity_does_not_depend_on_the_line_number(tmp_path: Path) -> N
     f.write_text(json.dumps({"messages": [{"role": "user", "content": "a new first line"}]}) + "\n\n" + "\n".join(rows) + "\n")
     after = {s.prompt: s.sample_id for s in read_corpus([f], str)[0]}
     assert all(after[p] == sid for p, sid in before.items()) and len(after) == 4
+
+
+# -- 6. classification within a time budget (a slow classifier is a fault we cannot cause on demand) ---
+
+def test_slow_or_backed_up_classifier_falls_back_to_the_prior_within_its_budget() -> None:
+    import threading
+
+    from reap_swap.proxy.classify import Classifier
+
+    release = threading.Event()
+
+    class Stuck:
+        expert_prior = None
+
+        def select(self, text: str) -> Any:
+            release.wait(10)
+            raise RuntimeError("too late")
+
+    async def run() -> tuple[float, list[dict[str, Any]]]:
+        clf = Classifier(PLAN, Stuck(), budget_s=0.1, max_queued=2)
+        t = time.perf_counter()
+        results = await asyncio.gather(*(clf.select(f"prompt {i}") for i in range(4)))
+        elapsed = time.perf_counter() - t
+        release.set()
+        clf.close()
+        return elapsed, [info for _, info in results]
+
+    elapsed, infos = asyncio.run(run())
+    assert elapsed < 0.5  # four prompts, one stuck classifier thread: nobody waits past the budget
+    assert not any(i["classified"] for i in infos)
+    assert sum("budget" in i["classify_error"] for i in infos) == 2 and sum("busy" in i["classify_error"] for i in infos) == 2
