@@ -1,9 +1,14 @@
 """``reap-swap plan``: core experts + co-activation slices under a VRAM budget.
 
-Per layer (slot count from ``budget.allocate_slots``):
+The plan is built from the training samples only (``--split``; held-out
+samples stay unseen so the evaluation is honest). Per layer:
 
-* core = the experts holding the most gate mass over the corpus, a
-  ``core_fraction`` of the layer's slots;
+* slots: the per-layer split chosen by cross-validated coverage
+  (``allocation.choose_split``: even, marginal gain or CV-optimal; never a
+  rule that cannot show it beats the even split);
+* core = the experts with the largest mean per-sample share of gate mass, a
+  fraction of the layer's slots chosen by cross-validated coverage of core +
+  predicted experts (``core_size.choose_core``) unless ``--core-fraction`` fixes it;
 * slices = the remaining experts in groups that fire together in the same
   samples: experts are compared by the correlation of their per-sample mass
   shares, and groups are grown greedily around the heaviest unassigned expert
@@ -32,22 +37,29 @@ import numpy as np
 from reap_swap.models.families import MoELayout, layout_for
 from reap_swap.plan import PLAN_MODE, PlanError, check_plan_fits_model, parse_plan
 
-from .budget import Budget, BudgetError, allocate_slots, make_budget
+from .allocation import RULES, SplitChoice, apply_rule, choose_split
+from .budget import Budget, BudgetError, make_budget
+from .core_size import CoreChoice, choose_core, core_counts
 from .observations import ObservationError, Observations, load_observations
+from .splits import SplitError, ids_sha256, split_indices
 
-ALLOCATION_RULE = (
-    "greedy marginal gain: each expert slot goes to the layer whose next most massive non-resident expert "
-    "holds the largest share of that layer's gate mass (min 1 slot per layer)"
-)
+ALLOCATION_RULES = {
+    "even": "even split: total // layers slots each, the remainder to the layers whose next heaviest expert is heaviest",
+    "marginal_gain": "greedy marginal gain on the training mean shares (min 1 slot per layer)",
+    "cv_dp": "the split maximising inner cross-validated top-k coverage curves (exact dynamic programming)",
+}
 
 
 @dataclass(frozen=True)
 class PlanParams:
-    core_fraction: float = 0.75
+    core_fraction: float | None = None  # None: chosen by cross-validation
     slices_per_request: int = 2
     slice_size: int | None = None
     rank_by: str = "mass"
     max_refreshes_per_request: int = 1
+    split: str = "test"
+    allocation: str = "auto"
+    folds: int = 5
 
 
 def expert_correlation(share: np.ndarray) -> np.ndarray:
@@ -99,15 +111,15 @@ def _priors(share: np.ndarray, experts: list[int], labels: list[tuple[str, ...]]
     return out
 
 
-def plan_layer(obs: Observations, li: int, slots: int, params: PlanParams, per_expert: int) -> dict[str, Any]:
+def plan_layer(obs: Observations, li: int, slots: int, n_core: int, params: PlanParams, per_expert: int) -> dict[str, Any]:
     layer = obs.layer_ids[li]
     E = obs.num_experts
     mass = obs.mass[li]
     total = mass.sum()
     mass_share = mass / total if total > 0 else np.full(E, 1.0 / E)
-    rank_signal = {"mass": mass_share, "reap": obs.saliency[li], "freq": obs.freq[li].astype(float)}[params.rank_by]
-    order = sorted(range(E), key=lambda e: (-rank_signal[e], -mass_share[e], e))
-    n_core = min(slots, max(1, int(round(params.core_fraction * slots)))) if params.core_fraction > 0 else 0
+    mean_share = obs.mass_share()[:, li, :].mean(axis=0)  # what coverage measures: each sample counts once
+    rank_signal = {"mass": mean_share, "reap": obs.saliency[li], "freq": obs.freq[li].astype(float)}[params.rank_by]
+    order = sorted(range(E), key=lambda e: (-rank_signal[e], -mean_share[e], e))
     specialist = slots - n_core
     core = sorted(order[:n_core])
     rest = sorted(order[n_core:], key=lambda e: (-mass_share[e], e))
@@ -152,13 +164,40 @@ def plan_layer(obs: Observations, li: int, slots: int, params: PlanParams, per_e
     }
 
 
-def build_plan(obs: Observations, layout: MoELayout, budget: Budget, params: PlanParams, model_ref: str) -> dict[str, Any]:
+def choose_layout(obs: Observations, budget: Budget, params: PlanParams, tokenizer_json: Path | None) -> tuple[SplitChoice, CoreChoice]:
+    """Per-layer slots and core size, each chosen by cross-validated coverage unless fixed by ``params``."""
+    share = obs.mass_share()
+    if params.allocation == "auto":
+        split = choose_split(share, budget.expert_slots, params.folds)
+    elif params.allocation in RULES:
+        split = SplitChoice(params.allocation, apply_rule(params.allocation, share, budget.expert_slots, params.folds).tolist(),
+                            [{"rule": params.allocation, "note": "fixed by --allocation"}], params.folds)
+    else:
+        raise PlanError("params", [f"--allocation must be auto or one of {RULES}, got {params.allocation!r}"])
+    if params.core_fraction is None:
+        core = choose_core(share, obs.prompts, tokenizer_json, split.counts, params.folds)
+    else:
+        core = CoreChoice(params.core_fraction, [], "fixed by --core-fraction")
+    return split, core
+
+
+def build_plan(obs: Observations, layout: MoELayout, budget: Budget, params: PlanParams, model_ref: str,
+               tokenizer_json: Path | None = None) -> dict[str, Any]:
+    """The plan, from the training samples of ``obs`` under ``params.split``."""
     if obs.manifest["model"]["config_sha256"] is None or obs.num_experts != layout.num_experts or obs.layer_ids != list(layout.moe_layers):
         raise PlanError("observations", ["observations were made on a model with another MoE layout than --model"])
-    if not 0 <= params.core_fraction <= 1:
-        raise PlanError("params", [f"--core-fraction must be in [0, 1], got {params.core_fraction}"])
-    slots = allocate_slots(obs.mass, budget.expert_slots)
-    per_layer = {f"layer_{layer}": plan_layer(obs, li, int(slots[li]), params, budget.per_expert_bytes) for li, layer in enumerate(obs.layer_ids)}
+    if params.core_fraction is not None and not 0 <= params.core_fraction <= 1:
+        raise PlanError("params", [f"--core-fraction must be in [0, 1] or auto, got {params.core_fraction}"])
+    try:
+        train_idx, held_idx = split_indices(obs, params.split, require_heldout=False)
+    except SplitError as exc:
+        raise PlanError("params", [str(exc)]) from None
+    full, obs = obs, obs.subset(train_idx)
+    split, core = choose_layout(obs, budget, params, tokenizer_json)
+    slots = split.counts
+    n_core = core_counts(core.fraction, slots)
+    per_layer = {f"layer_{layer}": plan_layer(obs, li, int(slots[li]), n_core[li], params, budget.per_expert_bytes)
+                 for li, layer in enumerate(obs.layer_ids)}
     cores = [len(v["coreExperts"]) for v in per_layer.values()]
     specs = [v["specialistActiveExpertTarget"] for v in per_layer.values()]
     resident_pct = [100.0 * (c + s) / obs.num_experts for c, s in zip(cores, specs)]
@@ -183,8 +222,8 @@ def build_plan(obs: Observations, layout: MoELayout, budget: Budget, params: Pla
             "swappable_expert_budget_bytes": budget.expert_budget_bytes,
             "core_budget_bytes": sum(cores) * budget.per_expert_bytes,
             "specialist_budget_bytes": sum(specs) * budget.per_expert_bytes,
-            "core_budget_fraction": params.core_fraction,
-            "specialist_budget_fraction": 1 - params.core_fraction,
+            "core_budget_fraction": core.fraction,
+            "specialist_budget_fraction": 1 - core.fraction,
             "max_refreshes_per_request": params.max_refreshes_per_request,
             "per_expert_bytes": budget.per_expert_bytes,
             "total_active_expert_capacity": int(sum(cores) + sum(specs)),
@@ -197,8 +236,12 @@ def build_plan(obs: Observations, layout: MoELayout, budget: Budget, params: Pla
             "planner": "reap-swap plan",
             "params": asdict(params),
             "budgetInputs": budget.to_json(),
-            "layerAllocationRule": ALLOCATION_RULE,
+            "layerAllocationRule": ALLOCATION_RULES[split.rule],
             "layerBudgetTargets": {k: v["allocatedSlots"] for k, v in per_layer.items()},
+            "allocation": split.to_json(),
+            "core": core.to_json(),
+            "training": {"split": params.split, "samples": len(train_idx), "held_out": len(held_idx),
+                         "samples_sha256": ids_sha256([full.sample_ids[i] for i in train_idx])},
             "sliceRule": "greedy grouping by Pearson correlation of per-sample gate-mass shares, seeded at the heaviest unassigned expert",
             "observations": {"sha256": obs.sha256, "samples": obs.num_samples, "tokens": int(obs.sample_tokens.sum()),
                              "model": obs.manifest["model"]},
@@ -226,21 +269,30 @@ def main(argv: list[str]) -> int:
     g.add_argument("--budget-ratio", type=float, help="resident share of the full model's bytes")
     g.add_argument("--budget-gib", type=float, help="resident GiB (non-expert weights included)")
     d = PlanParams()
-    p.add_argument("--core-fraction", type=float, default=d.core_fraction, help="share of each layer's slots for core experts")
+    p.add_argument("--core-fraction", default="auto", help="share of each layer's slots for core experts (default auto: cross-validated)")
+    p.add_argument("--allocation", default=d.allocation, choices=("auto",) + RULES, help="per-layer split (default auto: cross-validated)")
+    p.add_argument("--split", default=d.split, help="samples kept out of the plan: test | file:NAME | tag:TAG | source:A,B | hash[:F] | none")
+    p.add_argument("--folds", type=int, default=d.folds, help="cross-validation folds")
     p.add_argument("--slices-per-request", type=int, default=d.slices_per_request, help="slices one request activates per layer")
     p.add_argument("--slice-size", type=int, help="experts per slice (default: specialist slots / slices per request)")
     p.add_argument("--rank-by", choices=["mass", "reap", "freq"], default=d.rank_by, help="signal that picks the core")
     p.add_argument("--max-refreshes-per-request", type=int, default=d.max_refreshes_per_request)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    params = PlanParams(a.core_fraction, a.slices_per_request, a.slice_size, a.rank_by, a.max_refreshes_per_request)
+    try:
+        fraction = None if a.core_fraction == "auto" else float(a.core_fraction)
+    except ValueError:
+        p.error(f"--core-fraction must be a number in [0, 1] or auto, got {a.core_fraction!r}")
+    params = PlanParams(fraction, a.slices_per_request, a.slice_size, a.rank_by, a.max_refreshes_per_request, a.split, a.allocation, a.folds)
     if a.slice_size is not None and a.slice_size < 1:
         p.error("--slice-size must be >= 1")
+    if a.folds < 2:
+        p.error("--folds must be >= 2")
     try:
         obs = load_observations(a.observations)
         layout = layout_for(a.model)
         budget = make_budget(layout, a.budget_ratio, a.budget_gib)
-        plan = build_plan(obs, layout, budget, params, str(a.model))
+        plan = build_plan(obs, layout, budget, params, str(a.model), a.model / "tokenizer.json")
     except (ObservationError, BudgetError, PlanError, ValueError) as exc:
         print(f"reap-swap plan: error: {exc}", file=sys.stderr)
         return 2
@@ -250,4 +302,22 @@ def main(argv: list[str]) -> int:
     print(f"wrote {a.out}: {s['layerCount']} layers, {plan['budget']['total_active_expert_capacity']} resident experts "
           f"({budget.resident_bytes / (1 << 20):.1f} MiB of {budget.full_bytes / (1 << 20):.1f} MiB), {s['totalCoreExperts']} core, "
           f"{s['totalSlices']} slices; core covers {100 * s['coreActivationMassMean']:.1f}% of gate mass on average")
+    print(format_choices(plan))
     return 0
+
+
+def format_choices(plan: dict[str, Any]) -> str:
+    """The cross-validation tables behind the per-layer split and the core size."""
+    art = plan["scorerArtifacts"]
+    tr = art["training"]
+    lines = [f"built from {tr['samples']} training samples (split {tr['split']!r}, {tr['held_out']} held out)",
+             f"per-layer split: {art['allocation']['rule']} {art['allocation']['counts']} "
+             f"({art['allocation']['folds']}-fold CV of static top-k coverage on the training samples)"]
+    for r in art["allocation"]["candidates"]:
+        if "cv_coverage" in r:
+            lines.append(f"  {r['rule']:<14} {str(r['counts']):<28} train {r['train_coverage']:.4f}  CV {r['cv_coverage']:.4f}  "
+                         f"CV gain vs even {r['cv_gain_vs_even']:+.4f} (se {r['cv_gain_se']:.4f})")
+    lines.append(f"core fraction: {art['core']['fraction']} {art['core']['note']}")
+    for r in art["core"]["candidates"]:
+        lines.append(f"  {r['fraction']:<5} core {str(r['core_per_layer']):<24} CV coverage (core + reference prediction) {r['cv_coverage']:.4f}")
+    return "\n".join(lines)

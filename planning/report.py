@@ -5,9 +5,12 @@
 * ``concentration.png``: per-layer cumulative share of gate mass against the
   number of experts (how concentrated each layer's routing is);
 * ``coverage.png``: per layer, the share of each sample's gate mass that lands
-  on resident experts for core only, core + the globally best slices,
-  core + each sample's best slices (oracle), and uniform placement of the
-  same number of experts.
+  on resident experts, on the samples the plan did not learn from (its
+  recorded split) when there are any: core only, core + the slices heaviest
+  over training, the static top-k set at the plan's counts, the even split
+  of the same total, and the per-sample bounds (best slices, best experts);
+* ``summary.txt``: the chart, the coverage tables (training and held-out) and
+  the cross-validation tables behind the plan's per-layer split and core size.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from reap_swap.plan import Plan, PlanError, load_plan
 
 from . import coverage as cov
 from .observations import ObservationError, Observations, load_observations
+from .planner import format_choices
+from .splits import SplitError, held_mask
 
 
 def allocation_chart(plan: Plan) -> str:
@@ -38,19 +43,39 @@ def allocation_chart(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def coverage_table(plan: Plan, obs: Observations) -> dict[str, Any]:
+def coverage_table(plan: Plan, obs: Observations, train_idx: np.ndarray, eval_idx: np.ndarray) -> dict[str, Any]:
+    """Coverage on ``eval_idx`` of the strategies fitted on ``train_idx``."""
     share = obs.mass_share()
     layers = obs.layer_ids
+    train, held = share[train_idx], share[eval_idx]
     strategies = {
         "core": cov.core_only(plan, layers),
-        "core+static_slices": cov.static_best(plan, layers, share),
-        "core+oracle_slices": cov.oracle(plan, layers, share),
-        "uniform_same_size": cov.uniform(plan, layers, share),
+        "core+static_slices": cov.static_best(plan, layers, train),
+        "static_topk": cov.static_topk(plan, layers, train),
+        "even_split": cov.even_split(plan, layers, train),
+        "core+oracle_slices": cov.oracle(plan, layers, held),
+        "core+oracle_experts": cov.expert_oracle(plan, layers, held),
     }
-    out: dict[str, Any] = {"layers": layers, "strategies": {}}
+    out: dict[str, Any] = {"layers": layers, "samples": int(len(eval_idx)), "strategies": {}}
     for name, strat in strategies.items():
-        c = cov.coverage(share, layers, strat)
+        c = cov.coverage(held, layers, strat)
         out["strategies"][name] = {"per_layer": c.mean(axis=0).tolist(), "mean": float(c.mean())}
+    return out
+
+
+def coverage_tables(plan: Plan, obs: Observations) -> dict[str, Any]:
+    """{"training": ..., "held_out": ... (when the plan's split holds samples out)}."""
+    training = plan.raw.get("scorerArtifacts", {}).get("training", {})
+    try:
+        held = held_mask(obs, training.get("split", "none"))
+    except SplitError:
+        held = np.zeros(obs.num_samples, dtype=bool)
+    train_idx, held_idx = np.nonzero(~held)[0], np.nonzero(held)[0]
+    if len(train_idx) == 0:
+        train_idx, held_idx = held_idx, np.zeros(0, dtype=np.int64)
+    out = {"training": coverage_table(plan, obs, train_idx, train_idx), "split": training.get("split")}
+    if len(held_idx):
+        out["held_out"] = coverage_table(plan, obs, train_idx, held_idx)
     return out
 
 
@@ -101,7 +126,7 @@ def _figures(plan: Plan, obs: Observations | None, table: dict[str, Any] | None,
         ax.set_xlabel("MoE layer")
         ax.set_ylabel("share of gate mass on resident experts")
         ax.set_ylim(0, 1)
-        ax.set_title("Coverage by placement strategy (mean over samples)")
+        ax.set_title(f"Coverage by placement strategy ({table['samples']} samples)")
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         fig.savefig(out / "coverage.png", dpi=120)
@@ -116,7 +141,8 @@ def write_report(plan_path: Path, obs_dir: Path | None, out: Path) -> dict[str, 
     if obs is not None and (set(obs.layer_ids) != set(plan.layer_ids()) or obs.num_experts != plan.layers[obs.layer_ids[0]].num_experts):
         raise ObservationError("the observations do not match the plan's layers and experts")
     out.mkdir(parents=True, exist_ok=True)
-    table = coverage_table(plan, obs) if obs is not None else None
+    tables = coverage_tables(plan, obs) if obs is not None else None
+    table = (tables.get("held_out") or tables["training"]) if tables else None
     figures = _figures(plan, obs, table, out)
     raw_budget = plan.raw.get("budget", {})
     lines = [
@@ -127,15 +153,19 @@ def write_report(plan_path: Path, obs_dir: Path | None, out: Path) -> dict[str, 
         "",
         allocation_chart(plan),
     ]
-    if table is not None:
-        lines += ["", "Coverage of gate mass (mean over samples), per layer:"]
-        header = f"{'strategy':<22}" + "".join(f"{'L' + str(l):>7}" for l in table["layers"]) + f"{'mean':>8}"
-        lines.append(header)
-        for name, row in table["strategies"].items():
+    for kind, t in (tables or {}).items():
+        if not isinstance(t, dict):
+            continue
+        what = "training samples of the plan" if kind == "training" else f"held-out samples (split {tables['split']!r}), fitted on training"
+        lines += ["", f"Coverage of gate mass on {t['samples']} {what} (mean over samples), per layer:"]
+        lines.append(f"{'strategy':<22}" + "".join(f"{'L' + str(l):>7}" for l in t["layers"]) + f"{'mean':>8}")
+        for name, row in t["strategies"].items():
             lines.append(f"{name:<22}" + "".join(f"{v:>7.3f}" for v in row["per_layer"]) + f"{row['mean']:>8.3f}")
+    if "allocation" in plan.raw.get("scorerArtifacts", {}):
+        lines += ["", format_choices(plan.raw)]
     text = "\n".join(lines) + "\n"
     (out / "summary.txt").write_text(text)
-    summary = {"plan": str(plan_path), "plan_sha256": plan.sha256, "figures": figures, "coverage": table}
+    summary = {"plan": str(plan_path), "plan_sha256": plan.sha256, "figures": figures, "coverage": table, "coverage_tables": tables}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(text)
     return summary
