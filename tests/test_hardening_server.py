@@ -228,6 +228,27 @@ def test_same_client_id_gets_unique_backend_keys_and_misses_are_reset(stack: dic
         assert httpx.get(f"{b}/router_misses/{k}", headers=KEY).status_code == 404
 
 
+def test_proxy_rereads_the_backend_when_its_resident_set_drifts(stack: dict[str, Any]) -> None:
+    p, b = stack["proxy"], stack["backend"]
+    noticed = lambda: _proxy_state(stack)["residency"]["resyncs"] + _proxy_state(stack)["residency"]["drifts"]  # noqa: E731
+    before = noticed()
+    other = {f"layer_{i}": CORE + [12, 13, 14, 15] for i in range(4)}  # an operator changes the set behind the proxy
+    assert httpx.post(b + "/swap_active_set", json={"request_id": "operator", "phase": "prefill", "active_set": other},
+                      headers=KEY, timeout=60).status_code == 200
+    body = {"model": stack["model"], "prompt": "def parse(line):", "max_tokens": 4, "temperature": 0}
+    # Either the next install sees it (the swap answer's previous signature is not the proxy's: the full
+    # target overwrites it), or, if no install was due, the request's miss report shows it and the
+    # next admission re-reads the backend.
+    for i in range(2):
+        assert httpx.post(p + "/v1/completions", json=body, headers={**PK, **KEY, "X-Request-Id": f"drift-{i}"}, timeout=60).status_code == 200
+        for _ in range(100):
+            if "router_misses" in httpx.get(f"{p}/forensics/drift-{i}", headers=PK).json():
+                break
+            time.sleep(0.05)
+    assert noticed() > before
+    assert _proxy_state(stack)["residency"]["signature"] == status(b)["resident"]["signature"]
+
+
 def test_proxy_key_guards_observability_and_metrics_are_prometheus(stack: dict[str, Any]) -> None:
     p = stack["proxy"]
     for route in ("/stats", "/metrics", "/forensics/dup", "/v1/models"):
