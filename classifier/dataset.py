@@ -1,7 +1,8 @@
-"""Training targets for the slice scorer, from observations and a plan (pure numpy).
+"""Training targets for the expert scorer, from observations and a plan (pure numpy).
 
-For every observed sample and every slice of the plan: the share of the
-sample's gate mass in that slice's layer that fell on the slice's experts.
+The target of a sample is its per-expert share of each layer's gate mass,
+layers concatenated ([L * E]): what the selection fills the slots with. Slice
+targets (the share on each slice) remain for code that ranks slices.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 
 from reap_swap.plan import Plan
 from reap_swap.planning.observations import Observations
+from reap_swap.planning.splits import SplitError, split_indices as _split_indices
 
 
 class DatasetError(ValueError):
@@ -21,7 +23,7 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class SliceLayout:
-    """Where each layer's slices sit in the flat output vector."""
+    """Where each layer's slices sit in a flat slice-score vector."""
 
     layer_ids: tuple[int, ...]
     counts: tuple[int, ...]
@@ -51,6 +53,14 @@ def check_compatible(obs: Observations, plan: Plan) -> None:
             raise DatasetError(f"layer {layer}: plan has {plan.layers[layer].num_experts} experts, observations {obs.num_experts}")
 
 
+def expert_targets(obs: Observations, plan: Plan) -> np.ndarray:
+    """[N, L * E] per-sample share of each layer's gate mass on each expert (plan layer order)."""
+    check_compatible(obs, plan)
+    share = obs.mass_share()
+    order = [obs.layer_ids.index(layer) for layer in plan.layer_ids()]
+    return share[:, order, :].reshape(obs.num_samples, -1)
+
+
 def slice_targets(obs: Observations, plan: Plan) -> np.ndarray:
     """[N, sum of slices] per-sample share of each layer's mass on each slice."""
     check_compatible(obs, plan)
@@ -62,17 +72,12 @@ def slice_targets(obs: Observations, plan: Plan) -> np.ndarray:
     return np.stack(cols, axis=1) if cols else np.zeros((obs.num_samples, 0))
 
 
-def split_indices(obs: Observations, split: str = "test", holdout: float = 0.2) -> tuple[np.ndarray, np.ndarray]:
-    """(train, held-out) indices: by corpus file name when a ``split`` file exists, else a stable id hash."""
-    files = np.array(obs.files)
-    if split and (files == split).any():
-        held = files == split
-    else:
-        held = np.array([int(hashlib.sha1(s.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < holdout for s in obs.sample_ids])
-    train, test = np.nonzero(~held)[0], np.nonzero(held)[0]
-    if len(train) == 0 or len(test) == 0:
-        raise DatasetError(f"split {split!r} leaves {len(train)} training and {len(test)} held-out samples")
-    return train, test
+def split_indices(obs: Observations, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) indices under a split spec (see ``reap_swap.planning.splits``)."""
+    try:
+        return _split_indices(obs, split)
+    except SplitError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def data_hash(obs: Observations, index: np.ndarray) -> str:

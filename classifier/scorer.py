@@ -1,10 +1,12 @@
-"""The slice scorer: a scikit-learn estimator from prompt features to slice scores.
+"""The expert scorer: a scikit-learn estimator from prompt features to per-expert mass.
 
 Targets are, per sample, the share of each layer's gate mass that fell on
-each of that layer's slices (one output per slice, layers concatenated).
-``output_groups`` gives the number of outputs per layer; ``predict_proba``
-turns predicted shares into a distribution within each layer. The model
-behind it (``method``) is picked by measured coverage in ``train.py``.
+each of that layer's experts (one output per expert, layers concatenated), so
+selection can fill a layer's slots expert by expert. ``output_groups`` gives
+the number of outputs per layer; ``predict_proba`` turns predicted shares into
+a distribution within each layer. The model behind it (``method``) is picked
+by measured coverage in ``train.py``. Nothing here is specific to experts: it
+is a multi-output regressor of grouped shares.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.linear_model import Ridge
 from sklearn.neighbors import KNeighborsRegressor
 from sklearn.neural_network import MLPRegressor
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -21,13 +22,39 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 METHODS = ("ridge", "knn", "mlp")
 
 
-class SliceScorer(RegressorMixin, BaseEstimator):
-    """Multi-output regressor of per-slice gate-mass shares.
+def ridge_solve(X: Any, Y: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ridge with an unpenalized intercept: (coef [d, k], intercept [k]).
+
+    With fewer samples than features (sparse token bags) it solves the centred
+    n x n kernel system, which is much faster than sklearn's iterative sparse
+    solvers for many outputs; otherwise the d x d normal equations.
+    """
+    n, d = X.shape
+    x_mean = np.asarray(X.mean(axis=0), dtype=np.float64).ravel()
+    y_mean = Y.mean(axis=0)
+    Yc = Y - y_mean
+    if n <= d:
+        K = X @ X.T
+        K = np.asarray(K.toarray() if hasattr(K, "toarray") else K, dtype=np.float64)
+        row = K.mean(axis=0)
+        Kc = K - row[None, :] - row[:, None] + K.mean()
+        A = np.linalg.solve(Kc + alpha * np.eye(n), Yc)
+        coef = np.asarray(X.T @ A) - np.outer(x_mean, A.sum(axis=0))
+    else:
+        Xd = X.toarray() if hasattr(X, "toarray") else np.asarray(X, dtype=np.float64)
+        Xc = Xd - x_mean
+        coef = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(d), Xc.T @ Yc)
+    return coef, y_mean - x_mean @ coef
+
+
+class ExpertScorer(RegressorMixin, BaseEstimator):
+    """Multi-output regressor of per-expert gate-mass shares.
 
     Parameters
     ----------
     method : {"ridge", "knn", "mlp"}
-        Ridge regression, cosine kNN (distance-weighted), or a one-layer MLP.
+        Ridge regression (exact, kernel form when features outnumber samples),
+        cosine kNN (distance-weighted), or a one-layer MLP.
     alpha : float
         Ridge / MLP L2 penalty.
     n_neighbors : int
@@ -68,8 +95,6 @@ class SliceScorer(RegressorMixin, BaseEstimator):
         return tags
 
     def _make(self, n_samples: int) -> Any:
-        if self.method == "ridge":
-            return Ridge(alpha=self.alpha)
         if self.method == "knn":
             return KNeighborsRegressor(n_neighbors=max(1, min(self.n_neighbors, n_samples)), weights="distance", metric="cosine", algorithm="brute")
         if self.method == "mlp":
@@ -77,21 +102,29 @@ class SliceScorer(RegressorMixin, BaseEstimator):
                                 random_state=self.random_state, early_stopping=False)
         raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
 
-    def fit(self, X: Any, y: Any) -> "SliceScorer":
+    def fit(self, X: Any, y: Any) -> "ExpertScorer":
         X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, accept_sparse="csr")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         self.n_outputs_ = 1 if y.ndim == 1 else y.shape[1]
         if self.output_groups is not None and sum(self.output_groups) != self.n_outputs_:
             raise ValueError(f"output_groups sum to {sum(self.output_groups)} but y has {self.n_outputs_} outputs")
+        if self.method == "ridge":
+            coef, intercept = ridge_solve(X, np.asarray(y, dtype=np.float64).reshape(X.shape[0], -1), self.alpha)
+            self.coef_ = coef[:, 0] if y.ndim == 1 else coef
+            self.intercept_ = intercept[0] if y.ndim == 1 else intercept
+            self.n_iter_ = 1
+            return self
         self.estimator_ = self._make(X.shape[0]).fit(X, y)
         n_iter = getattr(self.estimator_, "n_iter_", None)
         self.n_iter_ = int(np.max(n_iter)) if n_iter is not None else 1
         return self
 
     def predict(self, X: Any) -> np.ndarray:
-        check_is_fitted(self, "estimator_")
+        check_is_fitted(self)
         X = validate_data(self, X, reset=False, accept_sparse="csr")
+        if self.method == "ridge":
+            return np.asarray(X @ self.coef_) + self.intercept_
         return np.asarray(self.estimator_.predict(X))
 
     def predict_proba(self, X: Any) -> np.ndarray:
