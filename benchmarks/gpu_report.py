@@ -29,6 +29,8 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     return {
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
         "decode_tok_s_bs8": _get(raw, "bs8", "decode_tok_s"),
+        "decode_tok_s_bs1_e2e": _get(raw, "bs1", "decode_tok_s_e2e"),
+        "decode_tok_s_bs8_e2e": _get(raw, "bs8", "decode_tok_s_e2e"),
         "ttft_ms_bs1": _get(raw, "bs1", "ttft_ms"),
         "ttft_ms_bs8": _get(raw, "bs8", "ttft_ms"),
         "hit_rate_decode": hits1 if spec.get("kind") == "reap" else None,
@@ -60,6 +62,9 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "slots30_vs_stock_offload_bs1": _ratio(g("reap_30", "decode_tok_s_bs1"), g("stock_offload", "decode_tok_s_bs1")),
         "slots30_vs_stock_offload_bs8": _ratio(g("reap_30", "decode_tok_s_bs8"), g("stock_offload", "decode_tok_s_bs8")),
         "all_resident_accounting_on_vs_off_bs1": _ratio(g("reap_all", "decode_tok_s_bs1"), g("reap_all", "decode_tok_s_bs1_accounting_off")),
+        "all_resident_vs_stock_bs1_e2e": _ratio(g("reap_all", "decode_tok_s_bs1_e2e"), g("stock_gpu", "decode_tok_s_bs1_e2e")),
+        "all_resident_vs_stock_bs8_e2e": _ratio(g("reap_all", "decode_tok_s_bs8_e2e"), g("stock_gpu", "decode_tok_s_bs8_e2e")),
+        "slots30_vs_stock_offload_bs1_e2e": _ratio(g("reap_30", "decode_tok_s_bs1_e2e"), g("stock_offload", "decode_tok_s_bs1_e2e")),
     }
 
 
