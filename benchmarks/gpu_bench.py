@@ -170,6 +170,11 @@ def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: st
         "versions": versions,
         "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
         "settings": settings,
+        "decode_estimator": (
+            "batch / median decode-step time over all timed runs (end-to-end estimate in *_e2e)"
+            if any("decode_tok_s_e2e" in (r.get("bs1") or {}) for r in raw.values())
+            else "(gen - 1) * batch / (median T_gen - median T_1) over the timed runs (runs before the step-median estimator)"
+        ),
         "arms": arms,
         "ratios": ratios(arms),
         "syncs_per_decode_step": syncs,

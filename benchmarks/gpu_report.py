@@ -108,6 +108,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}, torch {result.get('torch', '?')}; model {result['model']['shape']} "
         f"({result['model']['layers']} layers x {result['model']['experts']} experts x {result['model']['expert_mb']:.2f} MB, top-{result['model']['top_k']}, dummy weights, per-layer routers)",
         f"command: `{result['command']}`",
+        f"decode tok/s: {result.get('decode_estimator', '')}",
         "",
         "| arm | decode tok/s bs1 | decode tok/s bs8 | TTFT bs1 ms | decode hit rate | link MB/token | GPU GiB | pinned host GiB | syncs/step | identical ids bs1 / bs8 |",
         "|---|---|---|---|---|---|---|---|---|---|",
