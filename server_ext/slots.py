@@ -63,6 +63,9 @@ class SlotTable:
     def is_resident(self, expert: int) -> bool:
         return self._slot_of[expert] >= 0
 
+    def free_slots(self) -> set[int]:
+        return {s for s, e in enumerate(self._expert_in) if e < 0}
+
     def physical_row(self, expert: int) -> int:
         slot = self._slot_of[expert]
         return slot if slot >= 0 else self.host_row_offset + expert

@@ -1,0 +1,182 @@
+"""Exchanges of one layer in RAM-complement mode: planning, publication order, counters.
+
+Pure logic over a ``SlotTable`` and a ``LayerHostRows``; the bytes move
+through ``ExchangeOps`` (row copies inside the bank tensor on CPU or the
+CUDA-VMM range; plain byte arrays in the storage test). One batch:
+
+1. evicted experts: GPU slot -> a spare host row (D2H), wait;
+2. route them to their new rows (publish), only now that their bytes landed;
+3. promoted experts: their host row -> the freed slot (H2D), wait;
+4. route them to their slots (publish), wait, and only then hand their old
+   rows to the spare pool (rotation: no host memcpy, addresses unchanged).
+
+A batch evicts at most as many experts as there are spares, so a layer
+needs >= 1 spare; the whole batch list is planned (and refused) before any
+byte or table entry changes. Residency readers on other threads see an
+immutable (slot, host row) pair per expert, swapped in whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+from .host_rows import HostRowError, LayerHostRows
+from .slots import SlotError, SlotMove, SlotPlan, SlotTable
+
+
+@dataclass
+class ExchangeCounters:
+    rounds: int = 0
+    """Swaps that moved bytes in this layer (or, summed, in any layer)."""
+    exchanges: int = 0
+    """Evict/promote pairs: the evicted expert took a spare, the promoted one gave its row back."""
+    rotated_blocks: int = 0
+    """Host rows handed over instead of being copied into (one per exchange)."""
+    d2h_bytes: int = 0
+    h2d_bytes: int = 0
+    memcpy_bytes_avoided: int = 0
+    """Payload a copy path would have moved host -> host (counted once, not read + write)."""
+
+    def add(self, other: "ExchangeCounters") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Batch:
+    evict: tuple[SlotMove, ...]
+    load: tuple[SlotMove, ...]
+
+
+class ExchangeOps(Protocol):
+    def to_host(self, slot: int, row: int) -> None:
+        """Queue the copy of slot ``slot``'s bytes into host row ``row`` (D2H)."""
+
+    def to_slot(self, row: int, slot: int) -> None:
+        """Queue the copy of host row ``row``'s bytes into slot ``slot`` (H2D)."""
+
+    def wait(self) -> None:
+        """Return once every queued copy and publish has landed."""
+
+    def publish(self, physical_map: list[int]) -> None:
+        """Point the kernel's routing table at these physical rows."""
+
+
+def plan_batches(plan: SlotPlan, free_slots: set[int], spares: int) -> tuple[Batch, ...]:
+    """Split a slot plan into batches that never need more spares than exist.
+
+    Loads go to whichever slots are free by then (the plan's slot choice is
+    only a hint), so every batch frees rows for the next one's evictions.
+    """
+    evicts, pending, free = list(plan.evict), [m.expert for m in plan.load], sorted(free_slots)
+    batches: list[Batch] = []
+    while evicts or pending:
+        k = min(spares, len(evicts))
+        ev, evicts = evicts[:k], evicts[k:]
+        free = sorted(set(free) | {m.slot for m in ev})
+        n = min(len(free), len(pending))
+        ld = tuple(SlotMove(e, s) for e, s in zip(pending[:n], free[:n]))
+        pending, free = pending[n:], free[n:]
+        if not ev and not ld:
+            raise HostRowError("exchange cannot progress: no spare host row and no free slot (reserve >= 1 spare)")
+        spares += len(ld) - len(ev)
+        batches.append(Batch(tuple(ev), ld))
+    return tuple(batches)
+
+
+class ComplementLayer:
+    """Slot table + host-row ownership of one layer, changed only by ``exchange``."""
+
+    def __init__(self, table: SlotTable, rows: LayerHostRows, host_row_offset: int):
+        if rows.num_experts != table.num_experts:
+            raise HostRowError("slot table and host rows disagree on the expert count")
+        if host_row_offset < table.num_slots:
+            raise HostRowError("host rows cannot overlap slot rows")
+        self.table = table
+        self.rows = rows
+        self.host_row_offset = host_row_offset
+        self.min_residents = max(0, table.num_experts - rows.num_rows)
+        self.counters = ExchangeCounters()
+        problems = rows.check(set(table.resident()))
+        if problems:
+            raise HostRowError(f"layer {rows.layer}: inconsistent start state: {problems[:3]}")
+        self._snapshot = self._take_snapshot()
+
+    def _take_snapshot(self) -> tuple[tuple[int, int], ...]:
+        return tuple((self.table.slot_of(e), self.rows.row_of(e)) for e in range(self.table.num_experts))
+
+    def where(self, expert: int) -> tuple[int, int]:
+        """(slot, host row) of ``expert``, exactly one of them >= 0; safe from any thread."""
+        return self._snapshot[expert]
+
+    def snapshot(self) -> tuple[tuple[int, int], ...]:
+        return self._snapshot
+
+    def physical_map(self) -> list[int]:
+        out = []
+        for e in range(self.table.num_experts):
+            slot = self.table.slot_of(e)
+            out.append(slot if slot >= 0 else self.host_row_offset + self.rows.row_of(e))
+        return out
+
+    def padded_target(self, target: tuple[int, ...] | list[int] | set[int]) -> tuple[int, ...]:
+        """``target`` plus as few experts as needed for the others to fit the host rows.
+
+        An expert leaves the GPU only when a host row can take it: current
+        residents are kept first (lowest ids), then the lowest free ids.
+        """
+        self.table.plan(target)  # validates ids and size
+        want = set(target)
+        need = self.min_residents - len(want)
+        if need > 0:
+            keep = [e for e in self.table.resident() if e not in want]
+            rest = [e for e in range(self.table.num_experts) if e not in want and e not in keep]
+            want |= set((keep + rest)[:need])
+        return tuple(sorted(want))
+
+    def exchange(self, target: tuple[int, ...] | list[int] | set[int], ops: ExchangeOps) -> tuple[SlotPlan, ExchangeCounters]:
+        """Make ``padded_target(target)`` resident, batch by batch, in publication order."""
+        plan = self.table.plan(self.padded_target(target))
+        delta = ExchangeCounters()
+        if plan.empty:
+            return plan, delta
+        batches = plan_batches(plan, self.table.free_slots(), self.rows.spare_count)
+        block = self.rows.block_bytes
+        for b in batches:
+            spares = [self.rows.take_spare() for _ in b.evict]
+            for m, sp in zip(b.evict, spares):
+                ops.to_host(m.slot, sp.row)
+            ops.wait()
+            self.table.apply_evictions(SlotPlan(b.evict, ()))
+            for m, sp in zip(b.evict, spares):
+                self.rows.adopt(m.expert, sp)
+            if b.evict:
+                ops.publish(self.physical_map())
+                self._snapshot = self._take_snapshot()
+            for m in b.load:
+                ops.to_slot(self.rows.row_of(m.expert), m.slot)
+            ops.wait()
+            self.table.apply_loads(SlotPlan((), b.load))
+            if b.load:
+                ops.publish(self.physical_map())
+                ops.wait()
+            for m in b.load:
+                self.rows.release(m.expert)
+            self._snapshot = self._take_snapshot()
+            pairs = min(len(b.evict), len(b.load))
+            delta.exchanges += pairs
+            delta.rotated_blocks += pairs
+            delta.memcpy_bytes_avoided += pairs * block
+            delta.d2h_bytes += len(b.evict) * block
+            delta.h2d_bytes += len(b.load) * block
+        delta.rounds = 1
+        self.counters.add(delta)
+        done = SlotPlan(tuple(m for b in batches for m in b.evict), tuple(m for b in batches for m in b.load))
+        return done, delta
+
+
+__all__ = ["Batch", "ComplementLayer", "ExchangeCounters", "ExchangeOps", "HostRowError", "SlotError", "plan_batches"]
