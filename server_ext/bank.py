@@ -7,6 +7,8 @@ Layout of every per-expert parameter (w13, w2, biases, scales), one tensor:
 
 ``H >= S`` (a backing may pad the slot region to its page size). The routing
 table ``phys_map[e]`` is ``slot(e)`` for residents and ``H + e`` otherwise,
+or, in RAM-complement mode (``exchange.py``), ``H + host_slot[e]`` over only
+``E - S + K`` host rows (non-residents plus ``K`` spares),
 so the unmodified fused-MoE kernel computes each (token, expert) pair from
 the right tier in one call and sums over k in stock order: outputs are
 bit-identical whatever is resident. Only ``Backing`` differs by platform;
@@ -21,7 +23,9 @@ from typing import Protocol
 
 import torch
 
-from .slots import SlotPlan, SlotTable
+from .exchange import ComplementLayer, ExchangeCounters
+from .host_rows import LayerHostRows, complement_owners
+from .slots import SlotMove, SlotPlan, SlotTable
 
 
 class Backing(Protocol):
@@ -55,6 +59,37 @@ class PlainBacking:
             torch.cuda.synchronize(self.device)
 
 
+@dataclass(frozen=True)
+class ComplementSpec:
+    """RAM-complement mode of one bank: ``spares`` extra host rows, experts resident at start."""
+
+    spares: int
+    start: tuple[int, ...]
+
+
+class _TensorOps:
+    """Exchange copies as row copies inside the bank tensors (one VA range per parameter on CUDA)."""
+
+    def __init__(self, bank: "ExpertBank"):
+        self.bank = bank
+
+    def to_host(self, slot: int, row: int) -> None:
+        off = self.bank.table.host_row_offset
+        for p in self.bank.params.values():
+            p.data[off + row].copy_(p.data[slot], non_blocking=True)
+
+    def to_slot(self, row: int, slot: int) -> None:
+        off = self.bank.table.host_row_offset
+        for p in self.bank.params.values():
+            p.data[slot].copy_(p.data[off + row], non_blocking=True)
+
+    def wait(self) -> None:
+        self.bank.backing.synchronize()
+
+    def publish(self, physical_map: list[int]) -> None:
+        self.bank.phys_map.copy_(torch.tensor(physical_map, dtype=self.bank.phys_map.dtype).to(self.bank.phys_map.device))
+
+
 @dataclass
 class SwapStats:
     experts_loaded: int = 0
@@ -83,6 +118,7 @@ class ExpertBank:
         phys_map: torch.Tensor,
         num_slots: int,
         backing: Backing,
+        complement: ComplementSpec | None = None,
     ):
         if not params:
             raise ValueError(f"layer {layer_id}: no per-expert parameters found")
@@ -97,13 +133,40 @@ class ExpertBank:
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
         host_offset = backing.host_row_offset(num_slots, list(self.row_bytes.values()))
         self.table = SlotTable(num_experts, num_slots, host_offset)
+        self.complement: ComplementLayer | None = None
+        if complement is None:
+            sources = [list(range(num_experts))]  # host row r holds expert r
+            residents: tuple[int, ...] = ()
+        else:
+            if complement.spares < 1:
+                raise ValueError(f"layer {layer_id}: RAM-complement mode needs >= 1 spare host row")
+            host_rows = num_experts - num_slots + complement.spares
+            residents = _padded_start(complement.start, num_experts, num_slots, num_experts - host_rows)
+            owners = complement_owners(num_experts, residents, host_rows)
+            sources = [owners]
+        host_owner = sources[0]
+        # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
+        phys = {n: backing.allocate(num_slots, host_offset, len(host_owner), tuple(p.shape[1:]), p.dtype) for n, p in params.items()}
         with torch.no_grad():
-            for p in params.values():
-                phys = backing.allocate(num_slots, host_offset, num_experts, tuple(p.shape[1:]), p.dtype)
-                phys[host_offset:].copy_(p.data)
-                phys[:host_offset].zero_()
+            for n, p in params.items():
+                dst, src = phys.pop(n), p.data
+                dst[:host_offset].zero_()
+                for slot, e in enumerate(residents):
+                    dst[slot].copy_(src[e])
+                for row, e in enumerate(host_owner):  # expert by expert: no staging copy
+                    if e >= 0:
+                        dst[host_offset + row].copy_(src[e])
+                    else:
+                        dst[host_offset + row].zero_()
                 # Rebind .data (not the Parameter): quant configs keep references to it.
-                p.data = phys
+                # The loaded tensor is freed here, before the next parameter is built.
+                p.data = dst
+                del dst, src
+        if complement is not None:
+            for slot, e in enumerate(residents):
+                self.table.apply_loads(SlotPlan((), (SlotMove(e, slot),)))
+            rows = LayerHostRows(layer_id, num_experts, len(host_owner), tuple(self.row_bytes.values()), host_owner)
+            self.complement = ComplementLayer(self.table, rows, host_offset)
         backing.synchronize()
         self._publish()
 
@@ -125,9 +188,21 @@ class ExpertBank:
         return self.table.host_row_offset * self.expert_bytes
 
     @property
+    def host_rows(self) -> int:
+        return self.complement.rows.num_rows if self.complement else self.num_experts
+
+    @property
+    def physical_rows(self) -> int:
+        return self.table.host_row_offset + self.host_rows
+
+    @property
     def host_bytes(self) -> int:
         """Bytes of the host rows (pinned host memory on CUDA)."""
-        return self.num_experts * self.expert_bytes
+        return self.host_rows * self.expert_bytes
+
+    @property
+    def counters(self) -> ExchangeCounters:
+        return self.complement.counters if self.complement else ExchangeCounters()
 
     def resident(self) -> tuple[int, ...]:
         return self.table.resident()
@@ -139,13 +214,17 @@ class ExpertBank:
         return mask
 
     def host_row(self, name: str, expert: int) -> torch.Tensor:
-        return self.params[name].data[self.table.host_row_offset + expert]
+        row = self.complement.rows.row_of(expert) if self.complement else expert
+        if row < 0:
+            raise ValueError(f"layer {self.layer_id}: expert {expert} has no host row (it is resident)")
+        return self.params[name].data[self.table.host_row_offset + row]
 
     def slot_row(self, name: str, slot: int) -> torch.Tensor:
         return self.params[name].data[slot]
 
     def _publish(self) -> None:
-        table = torch.tensor(self.table.physical_map(), dtype=self.phys_map.dtype)
+        rows = self.complement.physical_map() if self.complement else self.table.physical_map()
+        table = torch.tensor(rows, dtype=self.phys_map.dtype)
         self.phys_map.copy_(table.to(self.phys_map.device))
 
     def swap(self, target: tuple[int, ...]) -> SwapStats:
@@ -155,6 +234,8 @@ class ExpertBank:
         experts are routed to their host rows first; loaded experts are routed
         to their slots only after their bytes landed.
         """
+        if self.complement is not None:
+            return self._exchange(target)
         plan: SlotPlan = self.table.plan(target)
         stats = SwapStats()
         if plan.empty:
@@ -181,8 +262,30 @@ class ExpertBank:
         stats.layers_changed = [self.layer_id]
         return stats
 
+    def _exchange(self, target: tuple[int, ...]) -> SwapStats:
+        """Complement mode: evictions go GPU -> spare host rows, promoted rows become spares."""
+        assert self.complement is not None
+        t0 = time.perf_counter()
+        plan, delta = self.complement.exchange(target, _TensorOps(self))
+        stats = SwapStats()
+        if plan.empty:
+            return stats
+        stats.experts_loaded = len(plan.load)
+        stats.experts_evicted = len(plan.evict)
+        stats.bytes_copied = delta.h2d_bytes
+        stats.copy_s = time.perf_counter() - t0  # copies and publishes interleave batch by batch
+        stats.layers_changed = [self.layer_id]
+        return stats
+
     def verify(self) -> list[int]:
-        """Experts whose slot bytes differ from their host bytes (should be empty)."""
+        """Experts whose slot bytes differ from their host bytes (should be empty).
+
+        In complement mode a resident has no host copy: experts whose host-row
+        ownership is wrong (resident with a row, or non-resident without) are reported.
+        """
+        if self.complement is not None:
+            rows, table = self.complement.rows, self.table
+            return [e for e in range(self.num_experts) if (rows.row_of(e) >= 0) == table.is_resident(e)]
         bad = []
         for e in self.table.resident():
             slot = self.table.slot_of(e)
@@ -191,3 +294,12 @@ class ExpertBank:
                     bad.append(e)
                     break
         return bad
+
+
+def _padded_start(start: tuple[int, ...], num_experts: int, num_slots: int, min_residents: int) -> tuple[int, ...]:
+    """Start-up residents plus the lowest other ids until the rest fit the host rows."""
+    want = sorted(set(start))
+    if len(want) > num_slots or any(not 0 <= e < num_experts for e in want):
+        raise ValueError(f"start-up residents {want} do not fit {num_slots} slots of {num_experts} experts")
+    extra = [e for e in range(num_experts) if e not in set(want)]
+    return tuple(sorted(want + extra[: max(0, min_residents - len(want))]))
