@@ -1,0 +1,180 @@
+"""``reap-swap simulate``: replay a routing trace through expert cache policies, equal slots per layer.
+
+Requests are replayed in trace order as one stream (a server at batch 1; the
+cache carries over between requests): one step for each request's prefill
+(the union of its prompt's routing) and one per decoded token. Reported per
+policy: routed-pair hit rate (as routed, before any promotion) for prefill and
+decode, gate-mass hit rate, promotions per decoded token and link bytes per
+decoded token (missed experts read over the link plus promotions of experts
+the step did not route). ``static_topk`` is calibrated on other requests than
+the ones scored (the trace's ``train`` split, else the first half), and only
+the rest are scored; ``belady`` (optimal replacement with optional admission)
+is the upper bound of any online policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from .cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, PriorDecayedCounters, PromptPrior, belady_hits, top_by_mass
+from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, load
+
+POLICIES = ("static_topk", "prompt_prior", "lru", "lfru", "decayed_counters", "prior_decayed", "belady")
+ONLINE = ("lru", "lfru", "decayed_counters", "prior_decayed")
+
+
+def split_requests(trace: RoutingTrace) -> tuple[list[RequestRoute], list[RequestRoute], str]:
+    reqs = list(trace.requests())
+    train = [r for r in reqs if r.info.get("split") == "train"]
+    if train and len(train) < len(reqs):
+        return train, [r for r in reqs if r.info.get("split") != "train"], "train split"
+    half = max(1, len(reqs) // 2)
+    if len(reqs) < 2:
+        raise TraceError("simulate needs at least two requests (one to calibrate the static set on)")
+    return reqs[:half], reqs[half:], "first half"
+
+
+def layer_steps(reqs: list[RequestRoute], layer: int, num_experts: int) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """(phase, routed experts, their pair counts, their gate mass, the prompt's routing mass or empty)."""
+    out = []
+    for req in reqs:
+        ids, w = req.ids[:, layer].astype(np.int64), req.weights[:, layer]
+        pre = req.phase == PREFILL
+        prompt_mass = np.bincount(ids[pre].ravel(), weights=w[pre].ravel(), minlength=num_experts)
+        if pre.any():
+            counts = np.bincount(ids[pre].ravel(), minlength=num_experts)
+            routed = np.flatnonzero(counts)
+            out.append((PREFILL, routed, counts[routed], prompt_mass[routed], prompt_mass))
+        for t in np.flatnonzero(req.phase == DECODE):
+            out.append((DECODE, ids[t], np.ones(ids.shape[1], dtype=np.int64), w[t], np.empty(0)))
+    return out
+
+
+def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray, top_k: int) -> CachePolicy:
+    makers: dict[str, Callable[[], CachePolicy]] = {
+        "static_topk": lambda: CachePolicy(slots, num_experts, static_set),
+        "prompt_prior": lambda: PromptPrior(slots, num_experts, static_set),
+        "lru": lambda: LRU(slots, num_experts, static_set),
+        "lfru": lambda: LFRU(slots, num_experts, static_set),
+        "decayed_counters": lambda: DecayedCounters(slots, num_experts, static_set),
+        "prior_decayed": lambda: PriorDecayedCounters(slots, num_experts, static_set, top_k=top_k),
+    }
+    return makers[name]()
+
+
+def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ...] = POLICIES) -> dict[str, Any]:
+    calib, scored, calibrated_on = split_requests(trace)
+    e, k = trace.num_experts, trace.top_k
+    slots = max(1, int(round(slots_fraction * e)))
+    expert_bytes = int(trace.meta.get("expert_bytes", 0))
+    # pairs, hits (prefill); pairs, hits (decode); mass, hit mass (decode); promotions; promotions of unrouted experts
+    totals = {p: np.zeros(8) for p in policies}
+    decode_tokens = sum(int((r.phase == DECODE).sum()) for r in scored)
+    for layer in range(trace.num_layers):
+        calib_mass = np.zeros(e)
+        for r in calib:
+            calib_mass += np.bincount(r.ids[:, layer].astype(np.int64).ravel(), weights=r.weights[:, layer].ravel(), minlength=e)
+        static_set = top_by_mass(calib_mass, slots)
+        steps = layer_steps(scored, layer, e)
+        for name in policies:
+            acc = totals[name]
+            if name == "belady":
+                hits_per_step, admitted = belady_hits([s[1] for s in steps], e, slots)
+                results = [(h, 0, 0) for h in hits_per_step]
+                acc[6] += admitted
+            else:
+                pol = _new_policy(name, slots, e, static_set, k)
+                results = []
+                for phase, routed, counts, mass, prompt_mass in steps:
+                    r = pol.access(routed, mass)
+                    results.append((r.hits, r.promoted, r.promoted_unrouted))
+                    if phase == PREFILL:
+                        # The prompt prior is known once prefill has routed; installing it copies
+                        # experts the prefill just read over the link anyway.
+                        acc[6] += pol.begin_request(prompt_mass)
+            for (phase, routed, counts, mass, _), (hits, promoted, unrouted) in zip(steps, results):
+                base = 0 if phase == PREFILL else 2
+                acc[base] += counts.sum()
+                acc[base + 1] += counts[hits].sum()
+                acc[6] += promoted
+                acc[7] += unrouted
+                if phase == DECODE:
+                    acc[4] += mass.sum()
+                    acc[5] += mass[hits].sum()
+    out: dict[str, Any] = {}
+    for name, a in totals.items():
+        missed_decode = a[2] - a[3]
+        out[name] = {
+            "hit_rate_prefill": a[1] / a[0] if a[0] else None,
+            "hit_rate_decode": a[3] / a[2] if a[2] else None,
+            "mass_hit_rate_decode": a[5] / a[4] if a[4] else None,
+            "promotions_per_token": a[6] / decode_tokens if decode_tokens else None,
+            "link_bytes_per_token": (missed_decode + a[7]) * expert_bytes / decode_tokens if decode_tokens else None,
+        }
+    best_online = max((p for p in policies if p in ONLINE), key=lambda p: out[p]["hit_rate_decode"] or 0.0, default=None)
+    return {
+        "trace": trace.meta.get("source_file"),
+        "model": trace.meta.get("model"),
+        "decoding": trace.meta.get("decoding"),
+        "slots_fraction": slots_fraction,
+        "slots_per_layer": slots,
+        "num_experts": e,
+        "layers": trace.num_layers,
+        "calibrated_on": calibrated_on,
+        "requests_scored": len(scored),
+        "decode_tokens_scored": decode_tokens,
+        "policies": out,
+        "best_online_policy": best_online,
+        "best_online_vs_belady": (out[best_online]["hit_rate_decode"] / out["belady"]["hit_rate_decode"]) if best_online and "belady" in out and out["belady"]["hit_rate_decode"] else None,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['requests_scored']} requests, {result['decode_tokens_scored']} decode tokens scored; {result['slots_per_layer']} of "
+        f"{result['num_experts']} experts per layer ({result['slots_fraction']:.0%}); static set calibrated on the {result['calibrated_on']}",
+        "",
+        "| policy | hit rate decode | hit rate prefill | gate-mass hit decode | promotions / token | link MB / token |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, p in result["policies"].items():
+        lb = p["link_bytes_per_token"]
+        lines.append(
+            f"| {name} | {p['hit_rate_decode']:.3f} | {p['hit_rate_prefill']:.3f} | {p['mass_hit_rate_decode']:.3f} | "
+            f"{p['promotions_per_token']:.2f} | {lb / 1e6 if lb is not None else float('nan'):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="reap-swap simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", type=Path, required=True, help="routing trace (.npz) from reap-swap record-traces")
+    p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
+    p.add_argument("--out", type=Path, help="write the result JSON here")
+    args = p.parse_args(argv)
+    chosen = tuple(x.strip() for x in args.policies.split(",") if x.strip())
+    bad = [x for x in chosen if x not in POLICIES]
+    if bad or not chosen:
+        p.error(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
+    if not 0 < args.slots_fraction <= 1:
+        p.error("--slots-fraction must be in (0, 1]")
+    try:
+        trace = load(args.trace)
+        trace.meta["source_file"] = str(args.trace)
+        result = simulate(trace, args.slots_fraction, chosen)
+    except TraceError as exc:
+        print(f"reap-swap simulate: error: {exc}", file=sys.stderr)
+        return 2
+    print(table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+    return 0

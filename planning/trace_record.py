@@ -1,0 +1,134 @@
+"""``reap-swap record-traces``: record a model's routing, token by token, into a routing trace.
+
+HF transformers runs each request as a chat (the corpus sample's prompt as
+the user turn), prefill then generation with the KV cache; a forward
+pre-hook on every MoE block recomputes the block's routing from its input
+exactly as the model does (``models.hf_moe.route``). Greedy decoding of a
+small model loops, which flatters any cache: record sampled decoding too
+(``--temperature 0.8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reap_swap.models.families import layout_for, read_config
+from reap_swap.models.hf_moe import moe_block, route
+
+from .corpus import CorpusError, read_corpus
+from .observe import load_model
+from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, build, save
+
+
+def _prompt_ids(tok: Any, prompt: str, max_prompt_tokens: int) -> list[int]:
+    messages = [{"role": "user", "content": prompt}]
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+    except (ValueError, AttributeError):  # no chat template
+        ids = tok(prompt)["input_ids"]
+    return list(ids)[-max_prompt_tokens:]
+
+
+def record_request(model: Any, layout: Any, input_ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase [T], ids [T, L, K], weights [T, L, K]) of one request's prefill + decode forwards."""
+    captured: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {layer: [] for layer in layout.moe_layers}
+    norm = bool(getattr(model.config, "norm_topk_prob", True))
+    handles = []
+    for layer in layout.moe_layers:
+        block = moe_block(model, layout, layer)
+
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], layer: int = layer, block: torch.nn.Module = block) -> None:
+            hidden = args[0].reshape(-1, args[0].shape[-1])
+            r = route(block, hidden, layout.top_k, norm)
+            captured[layer].append((r.ids.to(torch.int64).cpu(), r.weights.float().cpu()))
+
+        handles.append(block.register_forward_pre_hook(hook))
+    try:
+        torch.manual_seed(seed)
+        x = torch.tensor([input_ids], device=next(model.parameters()).device)
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "use_cache": True, "pad_token_id": 0}
+        kwargs.update({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False})
+        with torch.no_grad():
+            model.generate(x, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    ids = np.stack([torch.cat([c[0] for c in captured[layer]]).numpy() for layer in layout.moe_layers], axis=1)
+    weights = np.stack([torch.cat([c[1] for c in captured[layer]]).numpy() for layer in layout.moe_layers], axis=1)
+    phase = np.full(ids.shape[0], DECODE, dtype=np.uint8)
+    phase[: len(input_ids)] = PREFILL
+    return phase, ids, weights
+
+
+def record(
+    model_dir: Path,
+    corpus: list[Path],
+    max_requests: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int = 0,
+    max_prompt_tokens: int = 512,
+    device: str = "cpu",
+    per_file: int | None = None,
+) -> RoutingTrace:
+    cfg = read_config(model_dir)
+    layout = layout_for(cfg)
+    model, tok = load_model(model_dir, device)
+    render = lambda m: str(tok.apply_chat_template(m, tokenize=False))  # noqa: E731
+    if per_file:
+        samples = [s for path in corpus for s in read_corpus([path], render, per_file)[0]]
+    else:
+        samples = read_corpus(corpus, render, max_requests)[0]
+    routes = []
+    for i, s in enumerate(samples):
+        phase, ids, weights = record_request(model, layout, _prompt_ids(tok, s.prompt, max_prompt_tokens), max_new_tokens, temperature, seed + i)
+        routes.append(RequestRoute(s.sample_id, phase, ids, weights, {"source": s.source, "tags": list(s.tags), "split": s.file}))
+    meta = {
+        "model": {"path": str(model_dir), "model_type": layout.model_type},
+        "moe_layers": list(layout.moe_layers),
+        "num_experts": layout.num_experts,
+        "top_k": layout.top_k,
+        "expert_bytes": layout.bytes_per_expert,
+        "decoding": {"temperature": temperature, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed},
+        "corpus": [str(p) for p in corpus],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return build(meta, routes)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="reap-swap record-traces", description=__doc__)
+    p.add_argument("--model", type=Path, required=True, help="HF model directory (an MoE family reap-swap knows)")
+    p.add_argument("--corpus", type=Path, nargs="+", required=True, help="ai-data-extraction JSONL files")
+    p.add_argument("--out", type=Path, required=True, help="trace file to write (.npz)")
+    p.add_argument("--max-requests", type=int, help="first N samples only")
+    p.add_argument("--per-file", type=int, help="first N samples of each corpus file (e.g. some train, some test)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; e.g. 0.8 to avoid greedy loops")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-prompt-tokens", type=int, default=512)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1 or args.temperature < 0 or args.max_prompt_tokens < 1:
+        p.error("--max-new-tokens and --max-prompt-tokens must be >= 1, --temperature >= 0")
+    try:
+        trace = record(
+            args.model, args.corpus, args.max_requests, args.max_new_tokens, args.temperature, args.seed, args.max_prompt_tokens, args.device, args.per_file
+        )
+    except (CorpusError, TraceError, FileNotFoundError, ValueError) as exc:
+        print(f"reap-swap record-traces: error: {exc}", file=sys.stderr)
+        return 2
+    save(trace, args.out)
+    decode = int((trace.phase == DECODE).sum())
+    print(f"wrote {args.out}: {trace.num_requests} requests, {trace.phase.shape[0]} token rows ({decode} decode), "
+          f"{trace.num_layers} MoE layers x top-{trace.top_k} of {trace.num_experts}, {args.out.stat().st_size / 1e6:.2f} MB")
+    return 0
