@@ -29,6 +29,9 @@ ENV_SWAP_RATE = "REAP_SWAP_BYTES_PER_S"
 DEFAULT_MAX_BODY = 256 << 10  # a full active set of a 94-layer x 128-slot model is ~50 KB
 DEFAULT_SWAP_RATE = 16 << 30  # bytes/s; about a third of an H200's host link
 ENV_ACCOUNTING = "REAP_MISS_ACCOUNTING"
+ENV_COMPLEMENT = "REAP_RAM_COMPLEMENT"
+ENV_SPARES = "REAP_COMPLEMENT_SPARES"
+DEFAULT_SPARES = 4  # spare host rows per layer; a swap batch evicts at most this many at once
 
 
 class ResidencyConfigError(ValueError):
@@ -50,6 +53,9 @@ class ResidencyConfig:
     swap_bytes_per_s: int = DEFAULT_SWAP_RATE
     """Token-bucket rate on bytes copied by swaps (0: unlimited)."""
     accounting: bool = True  # per-request router-miss sums; "0" only to diagnose its cost
+    ram_complement: bool = False
+    """Host rows only for non-resident experts + spares; exchanges rotate row ownership."""
+    complement_spares: int = DEFAULT_SPARES
 
     @property
     def enabled(self) -> bool:
@@ -149,6 +155,8 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         max_body_bytes=_int_env(env, ENV_MAX_BODY, DEFAULT_MAX_BODY, 1024) or DEFAULT_MAX_BODY,
         swap_bytes_per_s=_int_env(env, ENV_SWAP_RATE, DEFAULT_SWAP_RATE, 0) or 0,
         accounting=_bool_env(env, ENV_ACCOUNTING, True),
+        ram_complement=_bool_env(env, ENV_COMPLEMENT, False),
+        complement_spares=_int_env(env, ENV_SPARES, DEFAULT_SPARES, 1) or DEFAULT_SPARES,
     )
 
 

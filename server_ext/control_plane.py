@@ -220,6 +220,8 @@ class ControlPlane:
                 raise HTTPError(503, f"swap failed in a worker ({type(exc).__name__}: {exc}); {state}", "swap_failed",
                                 headers={"Retry-After": "1"}) from None
             worker = results[0]
+            if "complement" in worker:  # live exchange counters for /reap/status
+                self.worker_info["complement"] = worker["complement"]
             if not self._check_ranks([r["resident"] for r in results], "after a swap"):
                 await self.resync()
                 raise HTTPError(503, f"swap left ranks inconsistent; {self.inconsistent or 'repaired'}", "swap_failed",

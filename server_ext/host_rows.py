@@ -147,34 +147,43 @@ class LayerHostRows:
 class Region:
     layer: int
     block: BlockSize
-    start: int
-    stop: int
+    spans: tuple[tuple[int, int], ...]
+    """[start, stop) byte ranges of the layer's host rows (one per parameter)."""
     spares: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b - a for a, b in self.spans)
 
 
 class HostRegions:
-    """Every layer's host-row byte range and spare reservation, by block size.
+    """Every layer's host-row byte ranges and spare reservation, by block size.
 
-    Registration checks that ranges do not overlap (two layers must never
-    share host bytes) and stops once ``freeze`` is called: capacity is
-    reserved up front, a live pool does not grow.
+    Registration checks that ranges do not overlap (two layers, or two
+    parameters, must never share host bytes) and stops once ``freeze`` is
+    called: capacity is reserved up front, a live pool does not grow.
     """
 
     def __init__(self) -> None:
         self._regions: dict[int, Region] = {}
         self.frozen = False
 
-    def register(self, layer: int, block: BlockSize, start: int, nbytes: int, spares: int) -> Region:
+    def register(self, layer: int, block: BlockSize, spans: list[tuple[int, int]], spares: int) -> Region:
+        """``spans``: (start address, byte count) of each parameter's host rows."""
         if self.frozen:
             raise HostRowError(f"layer {layer}: the spare pools are live; growing them is refused")
         if layer in self._regions:
             raise HostRowError(f"layer {layer} is already registered")
-        if nbytes <= 0 or start < 0 or spares < 0:
-            raise HostRowError(f"layer {layer}: bad region start={start} nbytes={nbytes} spares={spares}")
-        new = Region(layer, tuple(block), start, start + nbytes, spares)
-        for r in self._regions.values():
-            if new.start < r.stop and r.start < new.stop:
-                raise HostRowError(f"layer {layer}: host bytes [{new.start}, {new.stop}) overlap layer {r.layer}'s [{r.start}, {r.stop})")
+        if not spans or spares < 0 or any(start < 0 or n <= 0 for start, n in spans):
+            raise HostRowError(f"layer {layer}: bad region spans={spans} spares={spares}")
+        ranges = tuple((start, start + n) for start, n in spans)
+        taken = [(a, b, r.layer) for r in self._regions.values() for a, b in r.spans]
+        for i, (a, b) in enumerate(ranges):
+            taken_here = taken + [(x, y, layer) for x, y in ranges[:i]]
+            for x, y, other in taken_here:
+                if a < y and x < b:
+                    raise HostRowError(f"layer {layer}: host bytes [{a}, {b}) overlap layer {other}'s [{x}, {y})")
+        new = Region(layer, tuple(block), ranges, spares)
         self._regions[layer] = new
         return new
 
@@ -192,7 +201,7 @@ class HostRegions:
         return sum(sum(r.block) * r.spares for r in self._regions.values())
 
     def host_bytes(self) -> int:
-        return sum(r.stop - r.start for r in self._regions.values())
+        return sum(r.nbytes for r in self._regions.values())
 
 
 def complement_owners(num_experts: int, resident: set[int] | tuple[int, ...], num_rows: int) -> list[int]:

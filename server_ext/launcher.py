@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the control token from this file (kept out of the process list); "
                         "with a non-loopback --host and no token, a generated one is written here")
     p.add_argument("--validate-only", action="store_true", help="validate swaps and report deltas without moving bytes")
+    p.add_argument("--ram-complement", action="store_true",
+                   help="keep host rows only for experts not on the GPU (+ spares); swaps rotate host-row ownership")
+    p.add_argument("--complement-spares", type=int, default=None,
+                   help=f"spare host rows per MoE layer in --ram-complement mode (default {reap_config.DEFAULT_SPARES}, >= 1)")
     return p
 
 
@@ -89,6 +93,14 @@ def plan_env(args: argparse.Namespace) -> dict[str, str]:
         env[reap_config.ENV_TOKEN] = token
     if args.validate_only:
         env[reap_config.ENV_VALIDATE_ONLY] = "1"
+    if getattr(args, "complement_spares", None) is not None and not getattr(args, "ram_complement", False):
+        raise SystemExit("reap-swap serve: error: --complement-spares needs --ram-complement")
+    if getattr(args, "ram_complement", False):
+        env[reap_config.ENV_COMPLEMENT] = "1"
+        if args.complement_spares is not None:
+            if args.complement_spares < 1:
+                raise SystemExit("reap-swap serve: error: --complement-spares must be >= 1")
+            env[reap_config.ENV_SPARES] = str(args.complement_spares)
     cfg = reap_config.from_env(env)
     try:  # start-up residents must fit every layer's slot bank
         for layer in layout.moe_layers:

@@ -24,7 +24,7 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from . import config as reap_config
 from .arena import arena_for
-from .bank import ExpertBank, PlainBacking
+from .bank import ComplementSpec, ExpertBank, PlainBacking
 from . import logical_experts
 from .routing_kernels import remap_and_capture
 
@@ -55,6 +55,8 @@ class ResidentRoutedExperts(RoutedExperts):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.reap_bank: ExpertBank | None = None
+        self.reap_complement_fallback: str | None = None
+        """Why RAM-complement mode was asked for but the full-copy bank was built instead."""
         self.reap_layer_id = _layer_index(self.layer_name)
         cfg = reap_config.from_env()
         self.reap_slots = cfg.slots_for(self.reap_layer_id, self.global_num_experts) if cfg.enabled else 0
@@ -99,26 +101,39 @@ class ResidentRoutedExperts(RoutedExperts):
         cfg = reap_config.from_env()
         params = self.reap_expert_params()
         device = next(iter(params.values())).device
-        self.reap_bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, make_backing(device))
         start = cfg.start_resident(self.reap_layer_id, self.global_num_experts, self.reap_slots)
+        backing = make_backing(device)
+        bank: ExpertBank | None = None
+        if cfg.ram_complement and self.reap_slots > 0:  # no slots: nothing to complement
+            spec = ComplementSpec(min(cfg.complement_spares, self.reap_slots), start)
+            try:
+                bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing, spec)
+            except RuntimeError as exc:  # pinning / mapping failed: nothing was changed, use the copy path
+                self.reap_complement_fallback = f"{type(exc).__name__}: {exc}"
+                logger.warning("reap-swap layer %d: RAM-complement bank not built (%s); using the full host copy",
+                               self.reap_layer_id, self.reap_complement_fallback)
+        if bank is None:
+            bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing)
+        self.reap_bank = bank
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
         if device.type == "cuda":
             # The fused kernels size their expert histograms from this count; their tile
             # config and path still follow the logical count (logical_experts.py).
-            self.global_num_experts = self.reap_bank.table.physical_rows
-            logical_experts.register(self.reap_bank.table.physical_rows, self.reap_bank.num_experts)
+            self.global_num_experts = self.reap_bank.physical_rows
+            logical_experts.register(self.reap_bank.physical_rows, self.reap_bank.num_experts)
             logical_experts.install()
         logger.debug(
-            "reap-swap layer %d: %d slots (%d rows, %.3f GiB) + %d host rows (%.3f GiB, %s), %d resident at start",
+            "reap-swap layer %d: %d slots (%d rows, %.3f GiB) + %d host rows (%.3f GiB, %s%s), %d resident at start",
             self.reap_layer_id,
             self.reap_slots,
             self.reap_bank.table.host_row_offset,
             self.reap_bank.slot_bytes / 2**30,
-            self.reap_bank.num_experts,
+            self.reap_bank.host_rows,
             self.reap_bank.host_bytes / 2**30,
             self.reap_bank.backing.name,
-            len(start),
+            ", RAM complement" if self.reap_bank.complement else "",
+            len(self.reap_bank.resident()),
         )
 
     def forward_modular(

@@ -20,6 +20,9 @@ from . import config as reap_config
 from .accounting import RoutingAccounting
 from .bank import ExpertBank, SwapStats
 from .capture import batch_layout
+from .exchange import ExchangeCounters
+from .host_memory import process_memory
+from .host_rows import HostRegions
 from .layer import ResidentRoutedExperts
 from .misses import MissLedger
 
@@ -40,6 +43,27 @@ class WorkerResidency:
         self.accounting.enabled = accounting
         self.steps_attributed = 0
         self.steps_unattributed = 0
+        self.regions = host_regions(self.banks)
+        self.memory_at_install = process_memory()  # its peak includes building the banks
+
+    def complement(self) -> dict[str, Any]:
+        """RAM-complement mode: spare pools, exchange counters, layers that fell back to the copy path."""
+        banks = [b for b in self.banks.values() if b.complement is not None]
+        total = ExchangeCounters()
+        for b in banks:
+            total.add(b.counters)
+        full_copy = sum(b.num_experts * b.expert_bytes for b in self.banks.values())
+        return {
+            "enabled": bool(banks),
+            "layers": len(banks),
+            "spare_rows": sum(b.complement.rows.spare_count for b in banks if b.complement),
+            "reserved_spares_by_block_bytes": {str(k): v for k, v in self.regions.spares_by_size().items()},
+            "spare_gib": self.regions.spare_bytes() / 2**30,
+            "host_bank_gib": sum(b.host_bytes for b in self.banks.values()) / 2**30,
+            "host_bank_gib_if_full_copy": full_copy / 2**30,
+            "counters": total.as_dict(),
+            "fallbacks": {f"layer_{m.reap_layer_id}": m.reap_complement_fallback for m in self.layers if m.reap_complement_fallback},
+        }
 
     def resident_sets(self) -> dict[str, list[int]]:
         return {f"layer_{i}": list(b.resident()) for i, b in self.banks.items()}
@@ -57,6 +81,9 @@ class WorkerResidency:
             "routing_arena_mib": self.layers[0].reap_arena.nbytes / 2**20,
             "accounting_pinned_mib": self.accounting.pinned_bytes / 2**20,
             "request_slots": self.layers[0].reap_arena.request_slots,
+            "host_bank_mode": "RAM complement" if any(b.complement for b in self.banks.values()) else "full copy",
+            "process": process_memory(),
+            "process_at_install": self.memory_at_install,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -71,6 +98,7 @@ class WorkerResidency:
             "memory": self.memory(),
             "accounting": self.accounting.enabled,
             "resident": self.resident_sets(),
+            "complement": self.complement(),
         }
 
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
@@ -113,7 +141,21 @@ class WorkerResidency:
             "total_ms": (time.perf_counter() - t0) * 1e3,
             "layers_changed": total.layers_changed,
             "resident": self.resident_sets(),
+            "complement": self.complement(),
         }
+
+
+def host_regions(banks: dict[int, ExpertBank]) -> HostRegions:
+    """Register every complement bank's host rows (refusing overlaps), then freeze the pools."""
+    regions = HostRegions()
+    for layer, bank in banks.items():
+        if bank.complement is None:
+            continue
+        off, rows = bank.table.host_row_offset, bank.host_rows
+        spans = [(p.data.data_ptr() + off * bank.row_bytes[n], rows * bank.row_bytes[n]) for n, p in bank.params.items()]
+        regions.register(layer, tuple(bank.row_bytes.values()), spans, bank.complement.rows.reserved_spares)
+    regions.freeze()
+    return regions
 
 
 def _wrap_execute_model(worker: Any, runtime: WorkerResidency) -> None:
@@ -161,6 +203,18 @@ class ReapWorkerExtension:
                 "on" if cfg.accounting else "off",
                 mem["accounting_pinned_mib"],
             )
+            comp = self.reap_runtime.complement()
+            if comp["enabled"]:
+                sizes = self.reap_runtime.regions.spares_by_size()
+                logger.info(
+                    "reap-swap: RAM complement on %d layers: %d spare host rows in %d block sizes (largest %d bytes, "
+                    "%.3f GiB %s); host bank %.3f GiB instead of %.3f GiB; exchanges rotate rows, no host memcpy",
+                    comp["layers"], sum(sizes.values()), len(sizes), max(sizes), comp["spare_gib"],
+                    "page-locked" if mem["host_bank_memory"].startswith("pinned") else "host RAM",
+                    comp["host_bank_gib"], comp["host_bank_gib_if_full_copy"],
+                )
+            for layer, why in comp["fallbacks"].items():
+                logger.warning("reap-swap: %s uses the full host copy: %s", layer, why)
         return self.reap_runtime.describe()
 
     def _reap(self) -> WorkerResidency:

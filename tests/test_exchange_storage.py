@@ -71,7 +71,7 @@ def build(start: dict[int, tuple[int, ...]] | None = None) -> tuple[bytearray, H
     host = bytearray(sum(sizes.values()))
     layers, ops, base = {}, {}, 0
     for i, (e, s, k, block) in LAYERS.items():
-        regions.register(i, block, base, sizes[i], k)
+        regions.register(i, block, [(base, sizes[i])], k)
         op = ByteOps(i, host, base, sum(block), s, e)
         table = SlotTable(e, s)
         resident = (start or {}).get(i, tuple(range(s)))
@@ -170,15 +170,17 @@ def test_spare_of_another_layer_or_size_is_refused_and_changes_nothing() -> None
 
 def test_overlapping_regions_and_growing_a_live_pool_are_refused() -> None:
     regions = HostRegions()
-    regions.register(0, (64,), 0, 640, 2)
+    regions.register(0, (64,), [(0, 640)], 2)
     with pytest.raises(HostRowError, match="overlap"):
-        regions.register(1, (64,), 600, 640, 2)
+        regions.register(1, (64,), [(2000, 64), (600, 640)], 2)
+    with pytest.raises(HostRowError, match="overlap"):  # two parameters of one layer
+        regions.register(1, (64,), [(3000, 64), (3032, 64)], 2)
     with pytest.raises(HostRowError, match="already registered"):
-        regions.register(0, (64,), 1000, 64, 1)
-    regions.register(1, (32,), 640, 320, 1)
+        regions.register(0, (64,), [(1000, 64)], 1)
+    regions.register(1, (16, 16), [(640, 160), (800, 160)], 1)
     regions.freeze()
     with pytest.raises(HostRowError, match="growing"):
-        regions.register(2, (64,), 2000, 64, 1)
+        regions.register(2, (64,), [(5000, 64)], 1)
     assert regions.spares_by_size() == {32: 1, 64: 2}
     assert regions.spare_bytes() == 64 * 2 + 32 and regions.host_bytes() == 960
 
