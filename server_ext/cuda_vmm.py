@@ -9,6 +9,11 @@ slot rows read at HBM speed, host rows over the host link, addresses never
 move (CUDA graphs stay valid) and swaps are plain row copies inside it.
 Allocation granularity is 2 MiB on the H200 (measured, see shared notes), so
 the slot region is padded to whole pages with unused rows.
+
+In RAM-complement mode (``exchange.py``) the host region has only ``E - S + K``
+rows; an eviction is a D2H row copy into a spare host row of the same range
+and a promotion an H2D copy out of one, so no remapping happens at swap time
+(this path is written, not yet run on a GPU).
 """
 
 from __future__ import annotations
