@@ -95,3 +95,30 @@ def test_failed_allocation_leaves_the_loaded_weights_untouched() -> None:
     with pytest.raises(RuntimeError, match="cannot pin"):
         ExpertBank(0, params, torch.zeros(E, dtype=torch.int32), S, FailingSecondAllocation(), ComplementSpec(K, ()))
     assert all((params[k].data_ptr(), params[k].shape) == before[k] for k in params)  # the copy path can still be built from them
+
+
+def test_cuda_vmm_complement_random_swaps() -> None:
+    """The same exchanges on the CUDA-VMM range (slot rows in HBM, host rows pinned HOST_NUMA pages).
+
+    Not run in this session (no GPU time); it is the GPU check of issue 13's storage test.
+    """
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from reap_swap.server_ext.cuda_vmm import VmmBacking, cu
+
+    if cu is None:
+        pytest.skip("needs cuda-bindings")
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(5)
+    originals = {"w13_weight": torch.randn(E, 512, 256, generator=gen), "w2_weight": torch.randn(E, 256, 256, generator=gen)}
+    params = {k: torch.nn.Parameter(v.to(dev), requires_grad=False) for k, v in originals.items()}
+    bank = ExpertBank(0, params, torch.zeros(E, dtype=torch.int32, device=dev), S, VmmBacking(dev), ComplementSpec(K, ()))
+    assert bank.host_rows == E - S + K
+    rng = random.Random(11)
+    for _ in range(200):
+        bank.swap(tuple(rng.sample(range(E), rng.randint(0, S))))
+        for name, t in originals.items():
+            assert torch.equal(routed(bank, name).cpu(), t)
+        assert bank.verify() == []
+    assert bank.counters.exchanges > 50
+    assert bank.counters.memcpy_bytes_avoided == bank.counters.rotated_blocks * bank.expert_bytes
