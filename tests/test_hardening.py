@@ -1,6 +1,7 @@
-"""Issue 11 (hardening), the parts that need no vLLM server: pure logic, real files, real processes.
+"""Issue 11 (hardening), the parts that need no vLLM server (pure logic, real files).
 
-The real-server and real-proxy halves are in ``test_hardening_server.py``.
+The real-server and real-proxy halves are in ``test_hardening_server.py``; the process manager
+in ``test_procs.py``; crash-safe observation in ``test_observe_crash.py``.
 """
 
 from __future__ import annotations
@@ -8,11 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -295,199 +292,6 @@ def test_token_bucket_refills_at_its_rate() -> None:
 ])
 def test_engine_ids_match_exactly(engine: str, client: str, expected: bool) -> None:
     assert engine_id_matches_exact(engine, client) is expected
-
-
-# -- 8. process manager -------------------------------------------------------------------------
-
-SLOW_SERVER = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-open(sys.argv[1], "w").write(str(child.pid))
-if sys.argv[2] == "exit":
-    sys.exit(3)
-time.sleep(600)
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by its parent) counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_file(path: Path, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never written")
-
-
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
-def test_interrupted_start_up_leaves_no_process(tmp_path: Path, signal_name: str) -> None:
-    """A driver process starts a never-healthy server and is interrupted during start-up."""
-    pidfile = tmp_path / "grandchild.pid"
-    (tmp_path / "srv.py").write_text(SLOW_SERVER)
-    driver = (
-        "import sys\nfrom pathlib import Path\nfrom reap_swap.procs import ServerProcess, free_port\n"
-        f"p = free_port()\nServerProcess([sys.executable, {str(tmp_path / 'srv.py')!r}, {str(pidfile)!r}, 'wait'], p, "
-        f"Path({str(tmp_path / 'log')!r})).start(timeout=600)\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=Path(__file__).resolve().parents[1])
-    grandchild = _wait_file(pidfile)
-    proc.send_signal(getattr(__import__("signal"), signal_name))
-    proc.wait(30)
-    deadline = time.monotonic() + 10
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(grandchild), "the server's child outlived an interrupted start-up"
-
-
-def test_early_exit_kills_the_whole_group(tmp_path: Path) -> None:
-    from reap_swap.procs import ServerProcess, ServerStartError, free_port
-
-    pidfile = tmp_path / "grandchild.pid"
-    (tmp_path / "srv.py").write_text(SLOW_SERVER)
-    port = free_port()
-    with pytest.raises(ServerStartError, match="exited with 3"):
-        ServerProcess([sys.executable, str(tmp_path / "srv.py"), str(pidfile), "exit"], port, tmp_path / "log").start(timeout=60)
-    grandchild = _wait_file(pidfile)
-    deadline = time.monotonic() + 5
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(grandchild)
-
-
-def test_reserved_port_is_given_to_nobody_else_and_a_stranger_is_not_our_server(tmp_path: Path) -> None:
-    from reap_swap.procs import ServerProcess, ServerStartError, free_port, release_port
-
-    port = free_port()
-    seen = set()
-    for _ in range(3000):  # the kernel's ephemeral allocator skips the reserved port
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            seen.add(s.getsockname()[1])
-    assert port not in seen
-    with socket.socket() as plain:  # nor can anyone bind it without SO_REUSEADDR
-        with pytest.raises(OSError):
-            plain.bind(("127.0.0.1", port))
-    release_port(port)
-    # A stranger (this test process) answers /health on the port: the child is never taken for it.
-    stranger = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        idle = [sys.executable, "-c", "import time; time.sleep(600)"]
-        with pytest.raises(ServerStartError, match="not from this server"):
-            ServerProcess(idle, port, tmp_path / "log", health_path="/").start(timeout=30)
-    finally:
-        stranger.kill()
-        stranger.wait()
-
-
-# -- 7. crash-safe observation ----------------------------------------------------------------------
-
-def _observe(model: Path, out: Path, n: int, **kw: Any) -> dict[str, Any]:
-    from reap_swap.paths import example_corpus_files
-    from reap_swap.planning.observe import observe
-
-    return observe(model, example_corpus_files(), out, max_samples=n, max_tokens=64, batch_size=4, progress=False, **kw)
-
-
-def test_crash_mid_run_loses_at_most_n_batches_then_resumes(tiny_model_dir: Path, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import numpy as np
-
-    from reap_swap.planning import observe as observe_mod
-    from reap_swap.planning.observations import load_observations
-
-    real, calls = observe_mod.observe_batch, [0]
-
-    def dies_on_the_fourth_batch(*args: Any, **kw: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 4:
-            raise KeyboardInterrupt  # the process is killed here
-        return real(*args, **kw)
-
-    crashed = tmp_path / "crashed"
-    monkeypatch.setattr(observe_mod, "observe_batch", dies_on_the_fourth_batch)
-    with pytest.raises(KeyboardInterrupt):
-        _observe(tiny_model_dir, crashed, 24, checkpoint_every=1)
-    assert load_observations(crashed).num_samples == 12  # three committed batches survive
-    monkeypatch.setattr(observe_mod, "observe_batch", real)
-    resumed = _observe(tiny_model_dir, crashed, 24, checkpoint_every=1)
-    assert resumed["new_samples"] == 12
-    clean = tmp_path / "clean"
-    _observe(tiny_model_dir, clean, 24)
-    a, b = load_observations(crashed), load_observations(clean)
-    assert a.sample_ids == b.sample_ids and a.num_samples == 24
-    np.testing.assert_allclose(a.sample_mass, b.sample_mass, rtol=1e-5, atol=1e-6)
-    assert (a.coact == b.coact).all()
-
-
-def test_rows_and_files_the_manifest_does_not_list_are_ignored(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from reap_swap.planning.observations import SAMPLES, load_observations
-
-    out = tmp_path / "obs"
-    _observe(tiny_model_dir, out, 8)
-    ids = load_observations(out).sample_ids
-    with open(out / SAMPLES, "a") as fh:  # what a run killed between its chunk and its commit leaves
-        fh.write(json.dumps({"id": "ghost", "source": "s", "tags": ["t"], "tokens": 3, "chunk": "chunk-0001.npz"}) + "\n")
-        fh.write('{"id": "torn", "sour')
-    (out / "chunk-0001.npz").write_bytes(b"half a chunk")
-    (out / ".manifest.json.999.tmp").write_text("{")
-    assert load_observations(out).sample_ids == ids
-    again = _observe(tiny_model_dir, out, 12)  # the next run cleans up and adds only the new samples
-    assert again["new_samples"] == 4 and len(again["chunks"]) == 2
-    obs = load_observations(out)
-    assert obs.num_samples == 12 and "ghost" not in obs.sample_ids and set(ids) <= set(obs.sample_ids)
-    assert not list(out.glob(".*.tmp")) and "torn" not in (out / SAMPLES).read_text()
-
-
-def test_malformed_corpus_fields_skip_the_sample_with_a_count(tmp_path: Path) -> None:
-    from reap_swap.planning.corpus import read_corpus
-    from reap_swap.proxy.prompts import prompt_from_body
-
-    parts = [{"type": "text", "text": "first part"}, {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "second"}]
-    rows = [
-        {"messages": [{"role": "user", "content": "fine"}]},
-        {"messages": [{"role": "user", "content": "ctx", "code_context": 5}]},
-        {"messages": [{"role": "user", "content": "diffs", "suggested_diffs": "not a list"}]},
-        {"messages": [{"role": "user", "content": 5}]},
-        {"messages": [{"role": "user", "content": "template breaks on this"}]},
-        {"messages": [{"role": "user", "content": parts}]},
-    ]
-    f = tmp_path / "c.jsonl"
-    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + "[" * 100_000 + "\n")
-
-    def render(msgs: list[dict[str, str]]) -> str:
-        if "template breaks" in msgs[-1]["content"]:
-            raise ValueError("chat template error")
-        return "|".join(m["content"] for m in msgs)
-
-    samples, stats = read_corpus([f], render)
-    assert [s.prompt for s in samples] == ["fine", "first part\nsecond"]
-    assert samples[1].prompt == prompt_from_body("/v1/chat/completions", {"messages": [{"role": "user", "content": parts}]})
-    assert stats.skipped == {"bad_code_context": 1, "bad_suggested_diffs": 1, "bad_content": 1, "chat_template_error": 1,
-                             "invalid_json": 1}
-
-
-def test_sample_identity_does_not_depend_on_the_line_number(tmp_path: Path) -> None:
-    from reap_swap.planning.corpus import read_corpus
-
-    rows = [json.dumps({"messages": [{"role": "user", "content": f"question {i}"}]}) for i in range(3)]
-    f = tmp_path / "c.jsonl"
-    f.write_text("\n".join(rows) + "\n")
-    before = {s.prompt: s.sample_id for s in read_corpus([f], str)[0]}
-    f.write_text(json.dumps({"messages": [{"role": "user", "content": "a new first line"}]}) + "\n\n" + "\n".join(rows) + "\n")
-    after = {s.prompt: s.sample_id for s in read_corpus([f], str)[0]}
-    assert all(after[p] == sid for p, sid in before.items()) and len(after) == 4
 
 
 # -- 6. classification within a time budget (a slow classifier is a fault we cannot cause on demand) ---

@@ -151,7 +151,8 @@ def test_client_disconnect_cancels_upstream(stack: dict[str, str]) -> None:
     # that is under the same key. Together: far short of what the request asked for.
     later = httpx.get(f"{stack['backend']}/router_misses/{key}", headers={"X-Reap-Control-Token": CONTROL})
     leftover = later.json()["summary"]["tokens"] if later.status_code == 200 else 0
-    assert 0 < rec["router_misses"]["summary"]["tokens"] and rec["router_misses"]["summary"]["tokens"] + leftover < 500
+    at_close = rec["router_misses"]["summary"]["tokens"]  # tokens already buffered between vLLM and the client count too
+    assert 0 < at_close and at_close + leftover < 1000 and leftover < 64  # stopped at once, far short of 2000
 
 
 def test_control_token_is_required_even_with_the_api_key(stack: dict[str, str]) -> None:
