@@ -44,8 +44,9 @@ def stack(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.T
     port = free_port()
     proxy = ServerProcess(reap_swap_argv("proxy", "--backend", backend.url, "--plan", str(tiny_plan_path), "--host", "127.0.0.1",
                                          "--port", str(port), "--proxy-key", PROXY_KEY, "--backend-api-key", API_KEY),
-                          port, logs / "hardening-proxy.log", name="hardening-proxy").start(timeout=120)
+                          port, logs / "hardening-proxy.log", name="hardening-proxy")
     try:
+        proxy.start(timeout=120)  # inside the try: a proxy that fails to start must not leave the backend running
         yield {"backend": backend.url, "proxy": proxy.url, "proxy_pid": proxy.proc.pid if proxy.proc else 0,
                "model": str(tiny_model_dir), "fault": fault}
     finally:
@@ -64,8 +65,9 @@ def fake(tiny_plan_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                             env=env, name="fake-backend").start(timeout=60)
     proxy = ServerProcess(reap_swap_argv("proxy", "--backend", backend.url, "--plan", str(tiny_plan_path), "--port", str(pport),
                                          "--proxy-key", PROXY_KEY, "--max-streams", "4", "--swap-wait", "5"),
-                          pport, logs / "fake-proxy.log", name="fake-proxy", ready_status=(200, 503)).start(timeout=60)
+                          pport, logs / "fake-proxy.log", name="fake-proxy", ready_status=(200, 503))
     try:
+        proxy.start(timeout=60)
         yield {"backend": backend.url, "proxy": proxy.url, "sha": sha}
     finally:
         proxy.stop()

@@ -43,8 +43,9 @@ def stack(tiny_model_dir: Path, example_obs_dir: Path, tmp_path_factory: pytest.
         reap_swap_argv("proxy", "--backend", backend.url, "--plan", str(d / "plan.json"), "--classifier", str(d / "clf"),
                        "--port", str(port), "--control-token", CONTROL, "--max-body-bytes", str(1 << 20)),
         port, logs / "proxy.log", name="proxy",
-    ).start(timeout=120)
+    )
     try:
+        proxy.start(timeout=120)  # inside the try: a proxy that fails to start must not leave the backend running
         yield {"proxy": proxy.url, "backend": backend.url, "model": str(tiny_model_dir), "dir": str(d)}
     finally:
         proxy.stop()
