@@ -19,6 +19,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .request_ids import engine_id_matches_exact
+
 ALL_REQUESTS = "__all__"
 _ENGINE_PREFIXES = ("cmpl-", "chatcmpl-", "resp-", "generate-tokens-")
 _SUFFIX = re.compile(r"(?:-\d+)?(?:-[0-9a-f]{8})?$")
@@ -35,14 +37,8 @@ def client_request_id(engine_id: str) -> str:
 
 
 def engine_id_matches(engine_id: str, client_id: str) -> bool:
-    if engine_id == client_id:
-        return True
-    for prefix in ("", *_ENGINE_PREFIXES):
-        if engine_id.startswith(prefix + client_id):
-            rest = engine_id[len(prefix + client_id) :]
-            if rest == "" or re.fullmatch(r"(?:-\d+)?(?:-[0-9a-f]{8})?", rest):
-                return True
-    return False
+    """Exact: ``engine_id`` is vLLM's decoration of ``client_id`` and of no longer id (``request_ids``)."""
+    return engine_id_matches_exact(engine_id, client_id)
 
 
 @dataclass

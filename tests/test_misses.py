@@ -13,7 +13,6 @@ from reap_swap.server_ext.misses import ALL_REQUESTS, MissLedger, client_request
     [
         ("cmpl-abc-0-1a2b3c4d", "abc"),
         ("chatcmpl-abc-1a2b3c4d", "abc"),
-        ("cmpl-abc", "abc"),
         ("abc", "abc"),
         ("cmpl-my-req-7-3-deadbeef", "my-req-7"),
     ],
@@ -23,7 +22,10 @@ def test_engine_ids_map_back_to_client_ids(engine_id: str, client_id: str) -> No
     assert client_request_id(engine_id) == client_id
 
 
-@pytest.mark.parametrize("engine_id, client_id", [("cmpl-abcd-0-1a2b3c4d", "abc"), ("cmpl-xabc-1a2b3c4d", "abc")])
+@pytest.mark.parametrize(
+    "engine_id, client_id",
+    [("cmpl-abcd-0-1a2b3c4d", "abc"), ("cmpl-xabc-1a2b3c4d", "abc"), ("chatcmpl-abc-1-1a2b3c4d", "abc"), ("cmpl-abc", "abc")],
+)
 def test_no_false_matches(engine_id: str, client_id: str) -> None:
     assert not engine_id_matches(engine_id, client_id)
 
