@@ -113,15 +113,6 @@ class RoutingAccounting:
         for slot in list(self._pending):
             self._book_slot(slot)
 
-    def reset(self) -> None:
-        """Forget all sums, on the device and in flight (the ledger is reset by its owner)."""
-        for slot in list(self._pending):
-            if not self._pending[slot].event.query():
-                self._pending[slot].event.synchronize()
-            del self._pending[slot]
-        self.arena.acc.zero_()
-        self._tally.clear()
-
     def _drain(self, request_id: str, slot: int) -> None:
         tokens, steps = self._tally.pop(request_id, (0, 0))
         self.drains += 1
