@@ -61,7 +61,6 @@ class LayerHostRows:
             self._owner[row] = e
             self._row_of[e] = row
         self._spares = [r for r in reversed(range(num_rows)) if self._owner[r] < 0]
-        self.reserved_spares = len(self._spares)
 
     @property
     def block_bytes(self) -> int:

@@ -153,7 +153,8 @@ def host_regions(banks: dict[int, ExpertBank]) -> HostRegions:
             continue
         off, rows = bank.table.host_row_offset, bank.host_rows
         spans = [(p.data.data_ptr() + off * bank.row_bytes[n], rows * bank.row_bytes[n]) for n, p in bank.params.items()]
-        regions.register(layer, tuple(bank.row_bytes.values()), spans, bank.complement.rows.reserved_spares)
+        spares = bank.host_rows - (bank.num_experts - bank.num_slots)  # rows beyond a full slot bank
+        regions.register(layer, tuple(bank.row_bytes.values()), spans, spares)
     regions.freeze()
     return regions
 

@@ -73,6 +73,8 @@ def test_complement_status_counts_the_exchanges_and_saves_host_rows(runs: dict[s
     # 16 experts, 8 slots, 2 spares: 10 host rows instead of 16 per layer
     assert comp["host_bank_gib"] == pytest.approx(comp["host_bank_gib_if_full_copy"] * 10 / 16)
     assert on["memory"]["host_bank_mode"] == "RAM complement"
+    assert comp["reserved_spares_by_block_bytes"] == {str(on["expert_bytes"]): 4 * 2}
+    assert comp["spare_gib"] == pytest.approx(4 * 2 * on["expert_bytes"] / 2**30)
     c, block = comp["counters"], on["expert_bytes"]
     # per layer: start core 0-3 padded to 0-5 (10 rows hold the other 10); swap 1 loads 6, 7;
     # swaps 2 and 3 exchange 4 experts each (2 batches of 2); swap 4 evicts 10, 11 and keeps 8, 9
