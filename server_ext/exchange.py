@@ -28,7 +28,7 @@ from .slots import SlotError, SlotMove, SlotPlan, SlotTable
 @dataclass
 class ExchangeCounters:
     rounds: int = 0
-    """Swaps that moved bytes in this layer (or, summed, in any layer)."""
+    """Swaps that moved bytes in this layer (summed over layers: layer-swaps)."""
     exchanges: int = 0
     """Evict/promote pairs: the evicted expert took a spare, the promoted one gave its row back."""
     rotated_blocks: int = 0
