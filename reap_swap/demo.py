@@ -1,10 +1,13 @@
 """``reap-swap demo``: the whole pipeline on the embedded default, end to end.
 
-model -> observe the example corpus -> plan at a stated budget -> report ->
-train + evaluate the classifier -> ``serve`` and ``proxy`` on free loopback
-ports -> OpenAI SDK requests from several domains -> a per-request table
-(chosen slices, bytes moved, swap time, miss ratio against the static core)
-and figures -> everything shut down, also on Ctrl-C or failure.
+model -> observe the realistic example corpus -> plan at a stated budget
+(training split only) -> report -> train + evaluate the classifier against
+every baseline -> ``serve`` and ``proxy`` on free loopback ports -> OpenAI
+SDK requests from every domain of the held-out split -> a per-request table
+(chosen slices, bytes moved, swap time, live miss ratio, and the miss ratio
+the same tokens would have had with the classifier's own set for that
+request, the core alone, core + static slices, the static top-k set and the
+even split) and figures -> everything shut down, also on Ctrl-C or failure.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .paths import bundled_model_dir, example_corpus_files
+from .example.corpora import realistic_corpus_files, subsample
+from .paths import bundled_model_dir
 from .procs import ServerProcess, free_port, reap_swap_argv
 
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -41,10 +45,11 @@ def default_model(work: Path) -> Path:
     return out
 
 
-def demo_requests(n_per_domain: int) -> list[tuple[str, str]]:
+def demo_requests(corpus: list[Path], n_per_domain: int) -> list[tuple[str, str]]:
+    """The first user turn of the held-out conversations, ``n_per_domain`` of each domain, domains interleaved."""
     from .planning.corpus import conversation_messages
 
-    test = next(p for p in example_corpus_files() if p.stem == "test")
+    test = next(p for p in corpus if p.stem == "test")
     by: dict[str, list[str]] = {}
     for line in test.read_text().splitlines():
         row = json.loads(line)
@@ -71,15 +76,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     from openai import OpenAI
 
-    from .classifier.train import run_evaluation, train
+    from .classifier.evaluate import run_evaluation
+    from .classifier.evaluation import format_table
+    from .classifier.train import train
     from .models.families import layout_for
     from .plan import load_plan
+    from .planning import coverage as cov
     from .planning.budget import make_budget
     from .planning.observations import load_observations
     from .planning.observe import observe
-    from .planning.planner import PlanParams, build_plan
+    from .planning.planner import PlanParams, build_plan, format_choices
     from .planning.report import write_report
-    from .planning import coverage as cov
+    from .planning.splits import split_indices
 
     work: Path = args.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -87,26 +95,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     layout = layout_for(model)
     step(f"model {model}: {layout.num_moe_layers} MoE layers x {layout.num_experts} experts, top-{layout.top_k}, "
          f"{layout.total_bytes / 2**20:.1f} MiB ({layout.dtype})")
-    step("observing the example corpus (REAP saliency, frequencies, co-activation) ...")
+    corpus = [Path(p) for p in args.corpus] if args.corpus else realistic_corpus_files()
+    if args.per_domain_samples:
+        corpus = subsample(corpus, args.per_domain_samples, work / "corpus")
+    step(f"observing {', '.join(str(p) for p in corpus)} (REAP saliency, frequencies, co-activation) ...")
     obs_dir = work / "observations"
-    observe(model, example_corpus_files(), obs_dir, max_samples=args.max_samples, max_tokens=args.max_tokens, batch_size=8)
+    observe(model, corpus, obs_dir, max_samples=args.max_samples, max_tokens=args.max_tokens, batch_size=8 if args.max_tokens <= 512 else 4)
     obs = load_observations(obs_dir)
-    step(f"planning at {args.budget_ratio:.0%} of the model's bytes resident ...")
+    step(f"planning at {args.budget_ratio:.0%} of the model's bytes resident, from the training split ...")
     plan_path = work / "plan.json"
-    plan_dict = build_plan(obs, layout, make_budget(layout, ratio=args.budget_ratio), PlanParams(core_fraction=args.core_fraction), str(model))
+    # One-expert slices: the proxy's policy ranks slices, so with singletons its choice is the classifier's
+    # expert-granular one (co-activation slices stay available with reap-swap plan --slice-size).
+    params = PlanParams(core_fraction=args.core_fraction, split="test", slice_size=1)
+    plan_dict = build_plan(obs, layout, make_budget(layout, ratio=args.budget_ratio), params, str(model), Path(model) / "tokenizer.json")
     plan_path.write_text(json.dumps(plan_dict, indent=1) + "\n")
+    print(format_choices(plan_dict), flush=True)
     plan = load_plan(plan_path)
     report = write_report(plan_path, obs_dir, work / "report")
-    step("training the prompt -> slices classifier ...")
+    step("training the prompt -> per-expert mass classifier ...")
     clf_dir = work / "classifier"
     train(obs_dir, plan_path, clf_dir, "test", None, None)
     evaluation = run_evaluation(obs_dir, plan_path, clf_dir, "test", latency_prompts=20)
-    from .classifier.evaluation import format_table
-
     print(format_table(evaluation), flush=True)
-    core = {layer: list(lp.core) for layer, lp in plan.layers.items()}
-    static_strategy = cov.static_best(plan, obs.layer_ids, obs.mass_share())
-    static = {layer: static_strategy(0, li) for li, layer in enumerate(obs.layer_ids)}
+    train_idx, _ = split_indices(obs, "test")
+    train_share = obs.mass_share()[train_idx]
+    sets = {"core": cov.core_only(plan, obs.layer_ids), "static": cov.static_best(plan, obs.layer_ids, train_share),
+            "topk": cov.static_topk(plan, obs.layer_ids, train_share), "even": cov.even_split(plan, obs.layer_ids, train_share)}
+    resident = {name: {layer: strat(0, li) for li, layer in enumerate(obs.layer_ids)} for name, strat in sets.items()}
+    from .classifier.model import SliceClassifier
+
+    own = SliceClassifier.load(clf_dir, plan)  # its own choice per request, before the proxy's union and hysteresis
     bport, pport = free_port(), free_port()
     backend = ServerProcess(reap_swap_argv("serve", "--model", str(model), "--plan", str(plan_path), "--port", str(bport),
                                            "--max-model-len", "2048", "--no-enable-prefix-caching"),
@@ -120,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         step(f"starting reap-swap proxy on 127.0.0.1:{pport} ...")
         with proxy:
             client = OpenAI(base_url=proxy.url + "/v1", api_key="demo", max_retries=0)
-            for i, (domain, prompt) in enumerate(demo_requests(args.per_domain)):
+            for i, (domain, prompt) in enumerate(demo_requests(corpus, args.per_domain)):
                 rid = f"demo-{i:02d}-{domain}"
                 t = time.perf_counter()
                 client.chat.completions.create(model=str(model), messages=[{"role": "user", "content": prompt}],
@@ -132,15 +150,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if "router_misses" in rec:
                         break
                     time.sleep(0.05)
-                misses = httpx.get(f"{backend.url}/router_misses/{rid}").json()
+                misses = rec.get("router_misses", {})  # the proxy collects (and clears) them on the backend
+                if "summary" not in misses:
+                    raise RuntimeError(f"request {rid}: no router misses in the proxy's forensics ({misses.get('error', 'not collected')})")
                 rows.append({
                     "request_id": rid, "domain": domain, "latency_s": latency,
                     "slices": sum(len(v) for v in rec.get("chosen_slices", {}).values()),
                     "swap": rec["swap"]["status"], "bytes_copied": rec["swap"]["bytes_copied"],
                     "swap_ms": rec["swap"]["backend_ms"], "tokens": misses["summary"]["tokens"],
                     "miss_ratio": misses["summary"]["inactive_ratio"],
-                    "core_only_miss_ratio": miss_ratio_for(misses, core),
-                    "static_miss_ratio": miss_ratio_for(misses, static),
+                    "core_only_miss_ratio": miss_ratio_for(misses, resident["core"]),
+                    "static_miss_ratio": miss_ratio_for(misses, resident["static"]),
+                    "topk_miss_ratio": miss_ratio_for(misses, resident["topk"]),
+                    "even_miss_ratio": miss_ratio_for(misses, resident["even"]),
+                    "classifier_miss_ratio": miss_ratio_for(misses, own.select(prompt).active),
                     "first_slices": {k: v for k, v in list(rec.get("chosen_slices", {}).items())[:2]},
                 })
             stats = httpx.get(proxy.url + "/stats").json()
@@ -148,8 +171,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     figures = _figures(rows, evaluation, work)
     for name in report["figures"]:
         shutil.copy(work / "report" / name, work / name)
-    return {"model": str(model), "plan": str(plan_path), "requests": rows, "evaluation": evaluation, "proxy_stats": stats,
-            "figures": figures + report["figures"], "coverage": report["coverage"]}
+    return {"model": str(model), "plan": str(plan_path), "corpus": [str(p) for p in corpus], "requests": rows, "evaluation": evaluation,
+            "proxy_stats": stats, "figures": figures + report["figures"], "coverage": report["coverage"],
+            "plan_choices": {k: plan_dict["scorerArtifacts"][k] for k in ("allocation", "core", "training")}}
 
 
 def _figures(rows: list[dict[str, Any]], evaluation: dict[str, Any], work: Path) -> list[str]:
@@ -160,10 +184,11 @@ def _figures(rows: list[dict[str, Any]], evaluation: dict[str, Any], work: Path)
     import numpy as np
 
     x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(rows) + 2), 4))
-    ax.bar(x - 0.27, [r["core_only_miss_ratio"] for r in rows], 0.27, label="core only (static)", color="#bbbbbb")
-    ax.bar(x, [r["static_miss_ratio"] for r in rows], 0.27, label="core + static slices", color="#7fb0e0")
-    ax.bar(x + 0.27, [r["miss_ratio"] for r in rows], 0.27, label="reap-swap (classifier, live)", color="#1f5fa6")
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4))
+    arms = [("static_miss_ratio", "core + static slices", "#bbbbbb"), ("topk_miss_ratio", "static top-k (plan counts)", "#7fb0e0"),
+            ("even_miss_ratio", "even split", "#e0b07f"), ("miss_ratio", "reap-swap (classifier, live)", "#1f5fa6")]
+    for j, (key, label, color) in enumerate(arms):
+        ax.bar(x + (j - 1.5) * 0.2, [r[key] for r in rows], 0.2, label=label, color=color)
     ax.set_xticks(x, [r["domain"] for r in rows], rotation=45, ha="right")
     ax.set_ylabel("router miss ratio (gate mass on host experts)")
     ax.set_title("Miss ratio per request")
@@ -174,28 +199,36 @@ def _figures(rows: list[dict[str, Any]], evaluation: dict[str, Any], work: Path)
     st = evaluation["strategies"]
     fig, ax = plt.subplots(figsize=(6, 4))
     names = list(st)
-    ax.bar(names, [st[n]["mean"] for n in names], color=["#bbbbbb", "#7fb0e0", "#e0b07f", "#1f5fa6", "#2a9d5c"])
+    colors = {"predicted": "#1f5fa6", "oracle": "#2a9d5c", evaluation["best_baseline"]: "#e07f7f"}
+    ax.bar(range(len(names)), [st[n]["mean"] for n in names], color=[colors.get(n, "#bbbbbb") for n in names])
     for i, n in enumerate(names):
-        ax.text(i, st[n]["mean"] + 0.01, f"{st[n]['mean']:.3f}", ha="center", fontsize=8)
+        ax.text(i, st[n]["mean"] + 0.01, f"{st[n]['mean']:.3f}", ha="center", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of gate mass on resident experts")
-    ax.set_title(f"Held-out coverage by strategy (gap closed {evaluation['gap_closed']:.0%})")
+    ax.set_title(f"Held-out coverage (gap closed vs {evaluation['best_baseline']}: {evaluation['gap_closed']:.0%})")
     fig.tight_layout()
     fig.savefig(work / "coverage_by_strategy.png", dpi=120)
     plt.close(fig)
     return ["miss_ratio_per_request.png", "coverage_by_strategy.png"]
 
 
+COLUMNS = (("miss_ratio", "miss"), ("classifier_miss_ratio", "predicted"), ("core_only_miss_ratio", "core-only"),
+           ("static_miss_ratio", "static"), ("topk_miss_ratio", "top-k"), ("even_miss_ratio", "even"))
+
+
 def print_table(result: dict[str, Any]) -> None:
-    print(f"\n{'request':<22}{'domain':<10}{'slices':>7}{'swap':>11}{'KB moved':>10}{'swap ms':>9}{'tokens':>8}"
-          f"{'miss':>8}{'core-only':>11}{'static':>8}")
+    head = "".join(f"{name:>10}" for _, name in COLUMNS)
+    print(f"\n{'request':<26}{'domain':<12}{'slices':>7}{'swap':>11}{'KB moved':>10}{'swap ms':>9}{'tokens':>8}{head}")
+    print("(miss: live, through the proxy; predicted: the classifier's own set for the request; the rest: static sets, same tokens)")
     for r in result["requests"]:
-        print(f"{r['request_id']:<22}{r['domain']:<10}{r['slices']:>7}{r['swap']:>11}{r['bytes_copied'] / 1024:>10.1f}"
-              f"{r['swap_ms']:>9.1f}{r['tokens']:>8}{r['miss_ratio']:>8.3f}{r['core_only_miss_ratio']:>11.3f}{r['static_miss_ratio']:>8.3f}")
+        cells = "".join(f"{r[key]:>10.3f}" for key, _ in COLUMNS)
+        print(f"{r['request_id']:<26}{r['domain']:<12}{r['slices']:>7}{r['swap']:>11}{r['bytes_copied'] / 1024:>10.1f}"
+              f"{r['swap_ms']:>9.1f}{r['tokens']:>8}{cells}")
     rs = result["requests"]
     if rs:
         tot = lambda k: sum(r[k] * r["tokens"] for r in rs) / sum(r["tokens"] for r in rs)  # noqa: E731
-        print(f"{'token-weighted mean':<32}{'':>48}{tot('miss_ratio'):>8.3f}{tot('core_only_miss_ratio'):>11.3f}{tot('static_miss_ratio'):>8.3f}")
+        print(f"{'token-weighted mean':<38}{'':>45}" + "".join(f"{tot(key):>10.3f}" for key, _ in COLUMNS))
 
 
 def main(argv: list[str]) -> int:
@@ -203,15 +236,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workdir", type=Path, default=Path("out/demo"))
     p.add_argument("--model", type=Path, help="MoE model dir (default: the bundled trained small MoE, else a tiny random one)")
     p.add_argument("--budget-ratio", type=float, default=0.6, help="resident share of the model's bytes")
-    p.add_argument("--core-fraction", type=float, default=0.5)
+    p.add_argument("--core-fraction", type=float, help="share of each layer's slots for core experts (default: cross-validated)")
+    p.add_argument("--corpus", nargs="+", help="ai-data-extraction JSONL with a test.jsonl split (default: the realistic example corpus)")
     p.add_argument("--per-domain", type=int, default=2, help="demo requests per domain")
+    p.add_argument("--per-domain-samples", type=int, help="observe only the first N conversations of each domain per file")
     p.add_argument("--gen-tokens", type=int, default=48)
     p.add_argument("--max-samples", type=int, help="cap on observed corpus samples")
-    p.add_argument("--max-tokens", type=int, default=512, help="token cap per observed sample")
+    p.add_argument("--max-tokens", type=int, default=2048, help="token cap per observed sample (2048 covers the example conversations)")
     p.add_argument("--quick", action="store_true", help="reduced mode (CI): fewer samples and requests")
     a = p.parse_args(argv)
     if a.quick:
-        a.max_samples, a.max_tokens, a.per_domain, a.gen_tokens = a.max_samples or 600, 128, 1, 16
+        a.per_domain_samples, a.max_tokens, a.per_domain, a.gen_tokens = a.per_domain_samples or 20, 512, 1, 16
+    for path in a.corpus or []:
+        if not Path(path).is_file():
+            p.error(f"corpus file not found: {path}")
+    if a.corpus and not any(Path(x).stem == "test" for x in a.corpus):
+        p.error("--corpus needs a test.jsonl file (the held-out split the demo requests and evaluation use)")
     t0 = time.perf_counter()
 
     def terminate(signum: int, frame: Any) -> None:
