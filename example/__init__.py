@@ -1,1 +1,1 @@
-"""The example corpus (data only), shipped so the demo and tests run anywhere."""
+"""The example corpora (realistic and template) and their generators, shipped so the demo and tests run anywhere."""
