@@ -34,10 +34,12 @@ class Classifier:
     def prior_wish(self) -> Wish:
         """The training set's average wish (every slice equal without a classifier)."""
         prior = self.model.expert_prior if self.model is not None else None
-        scores = {}
+        scores, experts = {}, {}
         for li, (layer, lp) in enumerate(sorted(self.plan.layers.items())):
             scores[layer] = [float(prior[li][list(s.experts)].sum()) if prior is not None else 1.0 for s in lp.slices]
-        return Wish(scores)
+            if prior is not None:
+                experts[layer] = [float(x) for x in prior[li]]
+        return Wish(scores, expert_scores=experts)
 
     def _done(self, loop: asyncio.AbstractEventLoop, _: Future[Any]) -> None:
         def dec() -> None:
@@ -69,7 +71,7 @@ class Classifier:
         info.update(classified=True, embed_ms=sel.embed_ms, predict_ms=sel.predict_ms,
                     chosen_slices={f"layer_{k}": v for k, v in sorted(sel.slices.items())},
                     slice_scores={f"layer_{k}": [round(x, 5) for x in v] for k, v in sorted(sel.scores.items())})
-        return Wish(sel.scores), info
+        return Wish(sel.scores, expert_scores=dict(getattr(sel, "expert_scores", {}) or {})), info
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -50,3 +50,30 @@ def test_prompt_extraction() -> None:
     assert prompt_from_body("/v1/completions", {"prompt": ["a", "b"]}) == "a\nb"
     assert prompt_from_body("/v1/completions", {"prompt": [1, 2, 3]}) is None
     assert prompt_from_body("/v1/chat/completions", {"messages": []}) is None
+
+
+def expert_wish(hot: list[int], layers: tuple[int, ...] = (0, 1)) -> Wish:
+    scores = [0.0] * 16
+    for e in hot:
+        scores[e] = 1.0
+    return Wish({layer: [0.0, 0.0, 0.0] for layer in layers}, expert_scores={layer: scores for layer in layers})
+
+
+def test_expert_scores_fill_slots_expert_by_expert_across_slices() -> None:
+    """Wanted experts from three different slices: whole slices could hold only one of them."""
+    d = ResidencyPolicy(PLAN).decide([expert_wish([5, 9, 13, 14])], CORE)
+    assert d.swap and d.target[0] == (0, 1, 2, 3, 5, 9, 13, 14)
+
+
+def test_expert_union_of_in_flight_requests_keeps_the_shared_experts() -> None:
+    policy = ResidencyPolicy(PLAN)
+    first = policy.decide([expert_wish([4, 5, 6, 7]), expert_wish([4, 5, 12, 13])], CORE)
+    assert set(first.target[0]) >= {0, 1, 2, 3, 4, 5}
+    # a third request that agrees with what is resident changes nothing
+    again = policy.decide([expert_wish([4, 5, 6, 7]), expert_wish([4, 5, 12, 13]), expert_wish(list(first.target[0][4:]))], first.target)
+    assert again.swap is False
+
+
+def test_wishes_without_expert_scores_fall_back_to_slices() -> None:
+    d = ResidencyPolicy(PLAN).decide([wish(1), expert_wish([5, 9, 13, 14])], CORE)
+    assert d.target[0] == (0, 1, 2, 3, 8, 9, 10, 11)
