@@ -188,12 +188,17 @@ def test_nonstreaming_client_disconnect_cancels_generation_at_once(stack: dict[s
     # move only when a step ends; the request under test must be generating, not compiling.
     warm = httpx.post(stack["proxy"] + "/v1/completions", json={**body, "max_tokens": 8}, headers={**PK, **KEY}, timeout=120)
     assert warm.status_code == 200, warm.text
+    t = time.perf_counter()
+    httpx.post(stack["proxy"] + "/v1/completions", json={**body, "max_tokens": 128}, headers={**PK, **KEY}, timeout=120).raise_for_status()
+    speed = 128 / (time.perf_counter() - t)
+    # Leave while most of the generation is still ahead, however fast this box decodes.
+    leave_after = min(1.5, max(0.3, 0.2 * max_tokens / speed))
     tokens_before = _vllm_metric(backend, "vllm:generation_tokens_total")
     gone: dict[str, float] = {}
 
     def client() -> None:
         try:
-            httpx.post(stack["proxy"] + "/v1/completions", json=body, headers={**PK, **KEY}, timeout=httpx.Timeout(60, read=1.5))
+            httpx.post(stack["proxy"] + "/v1/completions", json=body, headers={**PK, **KEY}, timeout=httpx.Timeout(60, read=leave_after))
         except httpx.ReadTimeout:
             gone["at"] = time.perf_counter()  # the client gave up and closed its connection
             gone["tokens"] = _vllm_metric(backend, "vllm:generation_tokens_total") - tokens_before
@@ -204,7 +209,8 @@ def test_nonstreaming_client_disconnect_cancels_generation_at_once(stack: dict[s
     while thread.is_alive():
         saw_running |= _vllm_metric(backend, "vllm:num_requests_running") >= 1
         time.sleep(0.05)
-    assert "at" in gone and saw_running, "the request must still be generating when the client leaves"
+    # Generating when the client left: the running gauge was seen, or tokens were counted (nothing else runs here).
+    assert "at" in gone and (saw_running or gone["tokens"] > 0), "the request must still be generating when the client leaves"
     while _vllm_metric(backend, "vllm:num_requests_running") >= 1 and time.perf_counter() - gone["at"] < 30:
         time.sleep(0.02)
     delay = time.perf_counter() - gone["at"]
@@ -214,7 +220,8 @@ def test_nonstreaming_client_disconnect_cancels_generation_at_once(stack: dict[s
           f"{gone['tokens']:.0f} when the client left, {generated:.0f} in all, of {max_tokens} asked")
     # Before: the backend generated for nobody until the end (tens of seconds here). The bound leaves room
     # for a loaded 2-core CI box; the figure printed above is what was measured.
-    assert delay < 3.0 and generated < max_tokens / 2
+    # Cancelled: the request stopped within the bound and before its natural end (ignore_eos runs to max_tokens).
+    assert delay < 3.0 and generated < max_tokens and generated - gone["tokens"] < (max_tokens - gone["tokens"]) * 0.9
 
 
 # -- 6. request ids, misses, keys, metrics ----------------------------------------------------------
