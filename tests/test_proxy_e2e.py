@@ -205,7 +205,7 @@ def test_backend_down_gives_502(stack: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_backend_timeout_gives_504(stack: dict[str, str], tmp_path: Path) -> None:
-    with _proxy(stack, stack["backend"], tmp_path, "--backend-timeout", "0.3", "--control-token", CONTROL) as proxy:
-        body = {"model": stack["model"], "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
+    with _proxy(stack, stack["backend"], tmp_path, "--backend-timeout", "0.1", "--control-token", CONTROL) as proxy:
+        body = {"model": stack["model"], "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
         r = httpx.post(proxy.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
         assert r.status_code == 504 and r.json()["error"]["code"] == "backend_timeout"
