@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-gpu": ("reap_swap.benchmarks.gpu_bench:main", "stock vLLM vs reap-swap on the GPU, one process per arm (table + JSON)"),
     "record-traces": ("reap_swap.planning.trace_record:main", "record a model's routing token by token into a routing trace (.npz)"),
     "simulate": ("reap_swap.planning.simulate:main", "replay a routing trace through expert cache policies (static, prior, LRU, LFRU, counters, Belady)"),
+    "locality": ("reap_swap.planning.locality:main", "per-layer routing locality of traces: experts for 50/80/90 % mass, token-to-token reuse, vs published Qwen3"),
 }
 
 
