@@ -90,9 +90,11 @@ class TraceRouting:
         if not moe:
             raise RuntimeError("trace routing: the model has no MoE layer with a router")
         routers = [m.router for _, m in moe]
-        for name, r in zip((n for n, _ in moe), routers):
-            if getattr(r, "eplb_state", None) is not None:
+        for name, m in moe:
+            if getattr(m.router, "eplb_state", None) is not None:
                 raise RuntimeError(f"trace routing: {name} uses EPLB (physical ids); not supported")
+            if getattr(m, "is_monolithic", False):  # the kernel routes from the logits; select_experts never runs
+                raise RuntimeError(f"trace routing: {name} runs a monolithic MoE kernel; choose a modular backend")
         first = routers[0]
         max_tokens = max(int(runner.max_num_tokens), int(getattr(runner.compilation_config, "max_cudagraph_capture_size", 0) or 0))
         replay = TraceReplay(
