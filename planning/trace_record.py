@@ -49,7 +49,7 @@ def record_request(model: Any, layout: Any, input_ids: list[int], max_new_tokens
         def hook(module: torch.nn.Module, args: tuple[Any, ...], layer: int = layer, block: torch.nn.Module = block) -> None:
             hidden = args[0].reshape(-1, args[0].shape[-1])
             r = route(block, hidden, layout.top_k, norm)
-            captured[layer].append((r.ids.to(torch.int64).cpu(), r.weights.float().cpu()))
+            captured[layer].append((r.ids.to(torch.int64), r.weights.float()))  # stays on the device: no sync per layer
 
         handles.append(block.register_forward_pre_hook(hook))
     try:
@@ -62,10 +62,79 @@ def record_request(model: Any, layout: Any, input_ids: list[int], max_new_tokens
     finally:
         for h in handles:
             h.remove()
-    ids = np.stack([torch.cat([c[0] for c in captured[layer]]).numpy() for layer in layout.moe_layers], axis=1)
-    weights = np.stack([torch.cat([c[1] for c in captured[layer]]).numpy() for layer in layout.moe_layers], axis=1)
+    ids = np.stack([torch.cat([c[0] for c in captured[layer]]).cpu().numpy() for layer in layout.moe_layers], axis=1)
+    weights = np.stack([torch.cat([c[1] for c in captured[layer]]).cpu().numpy() for layer in layout.moe_layers], axis=1)
     phase = np.full(ids.shape[0], DECODE, dtype=np.uint8)
     phase[: len(input_ids)] = PREFILL
+    return phase, ids, weights
+
+
+def stratified(samples: list[Any], n: int) -> list[Any]:
+    """Up to ``n`` samples taking domains (first tag, else source) in turn, each in file order.
+
+    Corpus files are often sorted by domain; their first ``n`` lines would be one domain.
+    """
+    groups: dict[str, list[Any]] = {}
+    for s in samples:
+        groups.setdefault(str((list(s.tags) or [s.source])[0]), []).append(s)
+    out: list[Any] = []
+    queues = list(groups.values())
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop(0))
+    return out
+
+
+def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int, pad_id: int, eos_ids: set[int]) -> list[list[int]]:
+    """Each prompt's generated ids, all requests decoded together (left padding); cut after the first EOS."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    x = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(x)
+    for i, p in enumerate(prompts):
+        x[i, width - len(p) :] = torch.tensor(p, device=device)
+        mask[i, width - len(p) :] = 1
+    torch.manual_seed(seed)
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "use_cache": True, "pad_token_id": pad_id, "attention_mask": mask}
+    kwargs.update({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 else {"do_sample": False})
+    with torch.no_grad():
+        out = model.generate(x, **kwargs)[:, width:].tolist()
+    gens = []
+    for row in out:
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+        gens.append(row[:cut])
+    return gens
+
+
+def route_sequence(model: Any, layout: Any, prompt: list[int], generated: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(phase, ids, weights) of prompt + generated tokens fed back, from one teacher-forced forward.
+
+    A causal model routes token t from tokens <= t only, so this equals the routing of the
+    incremental decode that produced ``generated`` (up to floating-point order).
+    """
+    fed = prompt + generated[:-1]  # the last generated token is never fed back
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    norm = bool(getattr(model.config, "norm_topk_prob", True))
+    handles = []
+    for layer in layout.moe_layers:
+        block = moe_block(model, layout, layer)
+
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], layer: int = layer, block: torch.nn.Module = block) -> None:
+            r = route(block, args[0].reshape(-1, args[0].shape[-1]), layout.top_k, norm)
+            captured[layer] = (r.ids.to(torch.int64), r.weights.float())
+
+        handles.append(block.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([fed], device=next(model.parameters()).device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    ids = np.stack([captured[layer][0].cpu().numpy() for layer in layout.moe_layers], axis=1)
+    weights = np.stack([captured[layer][1].cpu().numpy() for layer in layout.moe_layers], axis=1)
+    phase = np.full(len(fed), DECODE, dtype=np.uint8)
+    phase[: len(prompt)] = PREFILL
     return phase, ids, weights
 
 
@@ -79,18 +148,37 @@ def record(
     max_prompt_tokens: int = 512,
     device: str = "cpu",
     per_file: int | None = None,
+    dense_moe: bool = False,
+    batch: int = 0,
 ) -> RoutingTrace:
     cfg = read_config(model_dir)
     layout = layout_for(cfg)
     model, tok = load_model(model_dir, device)
+    if dense_moe:
+        # HF's eager MoE syncs per expert; every expert as two GEMMs gives the same outputs (the
+        # routing hooks recompute the router's choice either way) at GPU speed.
+        from reap_swap.models.train.moe_dense import patch_dense_moe
+
+        patch_dense_moe(model)
     render = lambda m: str(tok.apply_chat_template(m, tokenize=False))  # noqa: E731
     if per_file:
-        samples = [s for path in corpus for s in read_corpus([path], render, per_file)[0]]
+        samples = [s for path in corpus for s in stratified(read_corpus([path], render)[0], per_file)]
     else:
         samples = read_corpus(corpus, render, max_requests)[0]
     routes = []
+    prompts = [_prompt_ids(tok, s.prompt, max_prompt_tokens) for s in samples]
+    gens: list[list[int]] = []
+    if batch > 0:
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        pad = model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else 0
+        for start in range(0, len(prompts), batch):
+            gens += generate_batch(model, prompts[start : start + batch], max_new_tokens, temperature, seed + start, pad, eos_ids)
     for i, s in enumerate(samples):
-        phase, ids, weights = record_request(model, layout, _prompt_ids(tok, s.prompt, max_prompt_tokens), max_new_tokens, temperature, seed + i)
+        if batch > 0:
+            phase, ids, weights = route_sequence(model, layout, prompts[i], gens[i])
+        else:
+            phase, ids, weights = record_request(model, layout, prompts[i], max_new_tokens, temperature, seed + i)
         routes.append(RequestRoute(s.sample_id, phase, ids, weights, {"source": s.source, "tags": list(s.tags), "split": s.file}))
     meta = {
         "model": {"path": str(model_dir), "model_type": layout.model_type},
@@ -98,7 +186,8 @@ def record(
         "num_experts": layout.num_experts,
         "top_k": layout.top_k,
         "expert_bytes": layout.bytes_per_expert,
-        "decoding": {"temperature": temperature, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed},
+        "decoding": {"temperature": temperature, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
+                     "batched": batch, "dense_moe": dense_moe},
         "corpus": [str(p) for p in corpus],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -111,18 +200,21 @@ def main(argv: list[str]) -> int:
     p.add_argument("--corpus", type=Path, nargs="+", required=True, help="ai-data-extraction JSONL files")
     p.add_argument("--out", type=Path, required=True, help="trace file to write (.npz)")
     p.add_argument("--max-requests", type=int, help="first N samples only")
-    p.add_argument("--per-file", type=int, help="first N samples of each corpus file (e.g. some train, some test)")
+    p.add_argument("--per-file", type=int, help="N samples of each corpus file, domains (first tag) taken in turn (e.g. some train, some test)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; e.g. 0.8 to avoid greedy loops")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dense-moe", action="store_true", help="run every expert as two GEMMs (same outputs; fast on a GPU, Qwen3-MoE only)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="decode N requests together, then capture routing with one teacher-forced forward per request (fast; 0: one request at a time)")
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.temperature < 0 or args.max_prompt_tokens < 1:
         p.error("--max-new-tokens and --max-prompt-tokens must be >= 1, --temperature >= 0")
     try:
         trace = record(
-            args.model, args.corpus, args.max_requests, args.max_new_tokens, args.temperature, args.seed, args.max_prompt_tokens, args.device, args.per_file
+            args.model, args.corpus, args.max_requests, args.max_new_tokens, args.temperature, args.seed, args.max_prompt_tokens, args.device, args.per_file, args.dense_moe, args.batch
         )
     except (CorpusError, TraceError, FileNotFoundError, ValueError) as exc:
         print(f"reap-swap record-traces: error: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from corpus_chat import as_chat, conversations, wrapped  # noqa: E402
 from corpus_math import math_document  # noqa: E402
 from corpus_sources import DOMAINS, Candidate, all_candidates  # noqa: E402
 from corpus_text import acceptable, chunks, extract  # noqa: E402
@@ -55,6 +56,10 @@ class BuildConfig:
     heldout_frac: float = 0.01
     min_heldout_files: int = 12
     shard_bytes: int = 32_000_000
+    # Conversation-shaped text (corpus_chat.py): this share of each domain's documents is wrapped
+    # as a chat, and the example corpus' train split is added as the ``chat`` domain.
+    chat_share: float = 0.3
+    chat_corpus: str = str(Path(__file__).resolve().parents[2] / "example" / "realistic" / "train.jsonl")
 
 
 @dataclass
@@ -174,6 +179,7 @@ def build(out: Path, cfg: BuildConfig) -> dict:
         else:
             print(f"[build] {domain}: no sources on this machine, skipped", flush=True)
             continue
+        docs = [Doc(as_chat(d.text, d.domain, d.key), d.domain, d.key, d.package, d.licence) if wrapped(d.key, cfg.chat_share, cfg.seed) else d for d in docs]
         tr, he = split_heldout(docs, cfg)
         train += tr
         held += he
@@ -181,6 +187,14 @@ def build(out: Path, cfg: BuildConfig) -> dict:
         e = manifest_domains[domain]
         print(f"[build] {domain}: {e['files_used']} files, {e['docs']} docs, {e['bytes']/1e6:.1f} MB "
               f"(held-out {e['heldout_docs']} docs) in {time.time() - t0:.0f}s", flush=True)
+    chat_path = Path(cfg.chat_corpus)
+    if cfg.chat_corpus and chat_path.is_file():
+        chats = [Doc(text, "chat", f"example:{cid}", "reap-swap-example", "per-excerpt, see example/realistic provenance") for cid, text in conversations(chat_path)]
+        tr, he = split_heldout(chats, cfg)
+        train += tr
+        held += he
+        manifest_domains["chat"] = _domain_entry(chats, tr, he, {"rejected": 0, "duplicates": 0, "candidates": len(chats)})
+        print(f"[build] chat: {len(chats)} conversations from {chat_path}", flush=True)
     random.Random(f"{cfg.seed}:shuffle").shuffle(train)
     shard, size, shards = [], 0, []
     for d in train:
