@@ -21,3 +21,8 @@ def example_corpus_files() -> list[Path]:
 def bundled_model_dir() -> Path:
     """Where the committed trained small MoE lives (models/small_moe in the repo)."""
     return Path(str(resources.files("reap_swap.models"))) / "small_moe"
+
+
+def learned128_cpu_dir() -> Path:
+    """The committed CPU-sized 128-expert top-8 sibling of the benchmark model (models/learned128_cpu)."""
+    return Path(str(resources.files("reap_swap.models"))) / "learned128_cpu"
