@@ -22,6 +22,7 @@ class StepResult:
     hits: np.ndarray  # bool per routed expert
     promoted: int
     promoted_unrouted: int  # promotions whose bytes were not read by the step anyway
+    evicted: int = 0  # residents dropped to make room (reported by the capped LFRU)
 
 
 class CachePolicy:
@@ -103,21 +104,71 @@ class LRU(CachePolicy):
 
 
 class LFRU(LRU):
-    """Promote every miss; evict the lowest decayed routing frequency (frequency with recency)."""
+    """Promote every miss; evict the lowest decayed routing frequency (frequency with recency).
+
+    With ``cap`` set this is the device policy of ``server_ext/online_cache.py``, rule for rule:
+    at most ``cap`` promotions per step; candidates are the step's misses by score (highest
+    first, ties to the lower id), victims are free slots first, then residents the step does
+    not route and ``protected`` does not hold, by score (lowest first, ties to the lower id);
+    pair i is taken while ``cand > victim + hysteresis`` (``None``: always, as uncapped LFRU).
+    ``dtype=np.float32`` makes the scores round exactly as the device's do.
+    """
 
     name = "lfru"
 
-    def __init__(self, slots: int, num_experts: int, initial: np.ndarray | None = None, decay: float = 0.9):
+    def __init__(
+        self,
+        slots: int,
+        num_experts: int,
+        initial: np.ndarray | None = None,
+        decay: float = 0.9,
+        cap: int | None = None,
+        hysteresis: float | None = None,
+        protected: np.ndarray | None = None,
+        dtype: type = np.float64,
+    ):
         super().__init__(slots, num_experts, initial)
-        self.count = np.zeros(num_experts)
-        self.decay = decay
+        self.count = np.zeros(num_experts, dtype=dtype)
+        self.decay = dtype(decay)
+        self.cap, self.hysteresis = cap, hysteresis
+        self.protected = np.zeros(num_experts, dtype=bool)
+        if protected is not None:
+            self.protected[np.asarray(protected, dtype=np.int64)] = True
 
     def _score(self) -> np.ndarray:
         return self.count
 
     def _touch(self, routed: np.ndarray, mass: np.ndarray) -> None:
         self.count *= self.decay
-        self.count[routed] += 1.0
+        self.count[routed] += self.count.dtype.type(1.0)
+
+    def access(self, routed: np.ndarray, mass: np.ndarray) -> StepResult:
+        if self.cap is None:
+            return super().access(routed, mass)
+        hits = self.resident[routed].copy()
+        self._touch(routed, mass)
+        in_step = np.zeros(self.num_experts, dtype=bool)
+        in_step[routed] = True
+        cand = np.flatnonzero(in_step & ~self.resident)
+        cand = cand[np.argsort(-self.count[cand], kind="stable")][: self.cap]
+        free = self.slots - int(self.resident.sum())
+        victims = np.flatnonzero(self.resident & ~in_step & ~self.protected)
+        victims = victims[np.argsort(self.count[victims], kind="stable")]
+        promoted = evicted = 0
+        h = self.count.dtype.type(-np.inf if self.hysteresis is None else self.hysteresis)
+        for i, e in enumerate(cand):
+            if i < free:
+                self.resident[e] = True
+                promoted += 1
+                continue
+            j = i - free
+            if j >= victims.size or not self.count[e] > self.count[victims[j]] + h:
+                break
+            self.resident[victims[j]] = False
+            self.resident[e] = True
+            promoted += 1
+            evicted += 1
+        return StepResult(hits, promoted, 0, evicted)
 
 
 class DecayedCounters(CachePolicy):

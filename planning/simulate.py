@@ -9,7 +9,9 @@ decoded token (missed experts read over the link plus promotions of experts
 the step did not route). ``static_topk`` is calibrated on other requests than
 the ones scored (the trace's ``train`` split, else the first half), and only
 the rest are scored; ``belady`` (optimal replacement with optional admission)
-is the upper bound of any online policy.
+is the upper bound of any online policy. ``lfru_cap`` is the server's online
+cache (``server_ext/online_cache.py``) rule for rule, float32 scores included:
+at most ``--cap`` promotions per layer per step, ``--hysteresis``, ``--decay``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import numpy as np
 from .cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, PriorDecayedCounters, PromptPrior, belady_hits, top_by_mass
 from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, load
 
-POLICIES = ("static_topk", "prompt_prior", "lru", "lfru", "decayed_counters", "prior_decayed", "belady")
-ONLINE = ("lru", "lfru", "decayed_counters", "prior_decayed")
+POLICIES = ("static_topk", "prompt_prior", "lru", "lfru", "lfru_cap", "decayed_counters", "prior_decayed", "belady")
+ONLINE = ("lru", "lfru", "lfru_cap", "decayed_counters", "prior_decayed")
+# ``lfru_cap`` as the server runs it by default (server_ext/config.py: REAP_ONLINE_CACHE_CAP / _DECAY).
+DEFAULT_CAP = 4
+DEFAULT_DECAY = 0.95
 
 
 def split_requests(trace: RoutingTrace) -> tuple[list[RequestRoute], list[RequestRoute], str]:
@@ -56,19 +61,23 @@ def layer_steps(reqs: list[RequestRoute], layer: int, num_experts: int) -> list[
     return out
 
 
-def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray, top_k: int) -> CachePolicy:
+def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray, top_k: int, cap: int = DEFAULT_CAP,
+                hysteresis: float | None = None, decay: float = DEFAULT_DECAY) -> CachePolicy:
     makers: dict[str, Callable[[], CachePolicy]] = {
         "static_topk": lambda: CachePolicy(slots, num_experts, static_set),
         "prompt_prior": lambda: PromptPrior(slots, num_experts, static_set),
         "lru": lambda: LRU(slots, num_experts, static_set),
         "lfru": lambda: LFRU(slots, num_experts, static_set),
+        # The device policy (server_ext/online_cache.py): float32 scores, capped, as the server runs it.
+        "lfru_cap": lambda: LFRU(slots, num_experts, static_set, decay, cap, hysteresis, dtype=np.float32),
         "decayed_counters": lambda: DecayedCounters(slots, num_experts, static_set),
         "prior_decayed": lambda: PriorDecayedCounters(slots, num_experts, static_set, top_k=top_k),
     }
     return makers[name]()
 
 
-def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ...] = POLICIES) -> dict[str, Any]:
+def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ...] = POLICIES, cap: int = DEFAULT_CAP,
+             hysteresis: float | None = None, decay: float = DEFAULT_DECAY) -> dict[str, Any]:
     calib, scored, calibrated_on = split_requests(trace)
     e, k = trace.num_experts, trace.top_k
     slots = max(1, int(round(slots_fraction * e)))
@@ -89,7 +98,7 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
                 results = [(h, 0, 0) for h in hits_per_step]
                 acc[6] += admitted
             else:
-                pol = _new_policy(name, slots, e, static_set, k)
+                pol = _new_policy(name, slots, e, static_set, k, cap, hysteresis, decay)
                 results = []
                 for phase, routed, counts, mass, prompt_mass in steps:
                     r = pol.access(routed, mass)
@@ -124,6 +133,7 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
         "decoding": trace.meta.get("decoding"),
         "slots_fraction": slots_fraction,
         "slots_per_layer": slots,
+        "lfru_cap": {"cap": cap, "hysteresis": hysteresis, "decay": decay},
         "num_experts": e,
         "layers": trace.num_layers,
         "calibrated_on": calibrated_on,
@@ -157,6 +167,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--trace", type=Path, required=True, help="routing trace (.npz) from reap-swap record-traces")
     p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
+    p.add_argument("--cap", type=int, default=DEFAULT_CAP, help="lfru_cap: promotions per layer per step (>= 1)")
+    p.add_argument("--hysteresis", type=float, default=None,
+                   help="lfru_cap: promote only while candidate score > victim score + this (default: always, as LFRU)")
+    p.add_argument("--decay", type=float, default=DEFAULT_DECAY, help="lfru_cap: score decay per step, in (0, 1)")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     args = p.parse_args(argv)
     chosen = tuple(x.strip() for x in args.policies.split(",") if x.strip())
@@ -165,10 +179,14 @@ def main(argv: list[str]) -> int:
         p.error(f"unknown policies {bad}; choose from {', '.join(POLICIES)}")
     if not 0 < args.slots_fraction <= 1:
         p.error("--slots-fraction must be in (0, 1]")
+    if args.cap < 1:
+        p.error("--cap must be >= 1")
+    if not 0 < args.decay < 1:
+        p.error("--decay must be in (0, 1)")
     try:
         trace = load(args.trace)
         trace.meta["source_file"] = str(args.trace)
-        result = simulate(trace, args.slots_fraction, chosen)
+        result = simulate(trace, args.slots_fraction, chosen, args.cap, args.hysteresis, args.decay)
     except TraceError as exc:
         print(f"reap-swap simulate: error: {exc}", file=sys.stderr)
         return 2
