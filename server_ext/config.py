@@ -32,6 +32,18 @@ ENV_ACCOUNTING = "REAP_MISS_ACCOUNTING"
 ENV_COMPLEMENT = "REAP_RAM_COMPLEMENT"
 ENV_SPARES = "REAP_COMPLEMENT_SPARES"
 DEFAULT_SPARES = 4  # spare host rows per layer; a swap batch evicts at most this many at once
+ENV_ONLINE_CACHE = "REAP_ONLINE_CACHE"
+ENV_CACHE_CAP = "REAP_ONLINE_CACHE_CAP"
+ENV_CACHE_DECAY = "REAP_ONLINE_CACHE_DECAY"
+ENV_CACHE_HYSTERESIS = "REAP_ONLINE_CACHE_HYSTERESIS"
+ENV_CACHE_PRIOR = "REAP_ONLINE_CACHE_PRIOR_WEIGHT"
+ONLINE_POLICIES = ("lfru",)
+# Chosen on learned 128-expert traces at 30 % slots (reap-swap simulate --policies lfru_cap, T=0.8):
+# decode hits 0.829 / 0.836 / 0.839 at cap 1 / 2 / 4 (decay 0.9; uncapped LFRU 0.839), 0.845 with
+# decay 0.95 at cap 4; any hysteresis >= 0.5 only loses hits. planning/simulate.py uses the same defaults.
+DEFAULT_CACHE_CAP = 4
+DEFAULT_CACHE_DECAY = 0.95
+DEFAULT_CACHE_PRIOR = 1.0
 
 
 class ResidencyConfigError(ValueError):
@@ -56,6 +68,12 @@ class ResidencyConfig:
     ram_complement: bool = False
     """Host rows only for non-resident experts + spares; exchanges rotate row ownership."""
     complement_spares: int = DEFAULT_SPARES
+    online_cache: str | None = None
+    """Promote-on-miss policy inside the forward (``online_cache.py``); None: residency changes only by swaps."""
+    cache_cap: int = DEFAULT_CACHE_CAP
+    cache_decay: float = DEFAULT_CACHE_DECAY
+    cache_hysteresis: float | None = None
+    cache_prior_weight: float = DEFAULT_CACHE_PRIOR
 
     @property
     def enabled(self) -> bool:
@@ -72,6 +90,11 @@ class ResidencyConfig:
         if plan is None or layer not in plan.layers:
             return 0
         return min(plan.layers[layer].resident_capacity, num_experts)
+
+    def core(self, layer: int) -> tuple[int, ...]:
+        """The plan's core experts of a layer (the online cache never evicts them)."""
+        plan = self.plan()
+        return tuple(plan.layers[layer].core) if plan and layer in plan.layers else ()
 
     def start_resident(self, layer: int, num_experts: int, slots: int) -> tuple[int, ...]:
         """Experts resident at start-up: prefixes, an explicit set, the plan's core, or none."""
@@ -139,8 +162,40 @@ def _int_env(env: Mapping[str, str], name: str, default: int | None, minimum: in
     return value
 
 
+def _float_env(env: Mapping[str, str], name: str, default: float | None, lo: float, hi: float, none_ok: bool = False) -> float | None:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if none_ok and raw in ("none", "off"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ResidencyConfigError(f"{name} must be a number{' or none' if none_ok else ''}, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ResidencyConfigError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _online_cache(env: Mapping[str, str]) -> str | None:
+    raw = env.get(ENV_ONLINE_CACHE, "").strip().lower()
+    if raw in ("", "0", "off", "none"):
+        return None
+    if raw not in ONLINE_POLICIES:
+        raise ResidencyConfigError(f"{ENV_ONLINE_CACHE} must be off or one of {', '.join(ONLINE_POLICIES)}, got {raw!r}")
+    if _bool_env(env, ENV_COMPLEMENT, False):
+        raise ResidencyConfigError(
+            f"{ENV_ONLINE_CACHE} (--online-cache) needs the full host copy of every expert (a promotion only repoints "
+            f"the evicted expert to its host row); it cannot be combined with {ENV_COMPLEMENT} (--ram-complement)"
+        )
+    return raw
+
+
 def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
     env = os.environ if env is None else env
+    decay = _float_env(env, ENV_CACHE_DECAY, DEFAULT_CACHE_DECAY, 0.0, 1.0)
+    if decay is None or not 0.0 < decay < 1.0:
+        raise ResidencyConfigError(f"{ENV_CACHE_DECAY} must be in (0, 1), got {decay}")
     prefixes = tuple(p.strip() for p in env.get(ENV_PREFIXES, "").split(",") if p.strip())
     return ResidencyConfig(
         plan_path=env.get(ENV_PLAN) or None,
@@ -157,6 +212,11 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         accounting=_bool_env(env, ENV_ACCOUNTING, True),
         ram_complement=_bool_env(env, ENV_COMPLEMENT, False),
         complement_spares=_int_env(env, ENV_SPARES, DEFAULT_SPARES, 1) or DEFAULT_SPARES,
+        online_cache=_online_cache(env),
+        cache_cap=_int_env(env, ENV_CACHE_CAP, DEFAULT_CACHE_CAP, 1) or DEFAULT_CACHE_CAP,
+        cache_decay=decay,
+        cache_hysteresis=_float_env(env, ENV_CACHE_HYSTERESIS, None, 0.0, 1e6, none_ok=True),
+        cache_prior_weight=_float_env(env, ENV_CACHE_PRIOR, DEFAULT_CACHE_PRIOR, 0.0, 1e6) or 0.0,
     )
 
 

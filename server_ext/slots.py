@@ -73,6 +73,23 @@ class SlotTable:
     def physical_map(self) -> list[int]:
         return [self.physical_row(e) for e in range(self.num_experts)]
 
+    def owners(self) -> list[int]:
+        """Expert in each slot, -1 for a free slot."""
+        return list(self._expert_in)
+
+    def assign(self, owners: list[int]) -> None:
+        """Adopt a whole slot assignment (read back from the device's online cache); validated first."""
+        if len(owners) != self.num_slots:
+            raise SlotError(f"{len(owners)} slot owners for {self.num_slots} slots")
+        held = [e for e in owners if e >= 0]
+        if len(held) != len(set(held)) or any(not -1 <= e < self.num_experts for e in owners):
+            raise SlotError(f"slot owners are not a valid assignment: {owners}")
+        self._expert_in = [int(e) for e in owners]
+        self._slot_of = [-1] * self.num_experts
+        for slot, e in enumerate(self._expert_in):
+            if e >= 0:
+                self._slot_of[e] = slot
+
     def plan(self, target: tuple[int, ...] | list[int] | set[int]) -> SlotPlan:
         """Moves that make ``target`` the resident set; validates before anything changes."""
         want = set(target)

@@ -1,0 +1,222 @@
+"""Online expert cache of one MoE layer: promote on miss, inside the forward, on the device.
+
+Why here: at batch 1 a missed expert's bytes cross the host link anyway (the
+fused kernel reads its host row over UVA), so copying them into a slot first
+costs no extra link bytes and every later hit is free. The policy is capped
+LFRU, the best online rule on our traces (``planning/cache_policies.LFRU``
+with ``cap`` is this code rule for rule; ``reap-swap simulate`` scores it as
+``lfru_cap``).
+
+Per step, with the step's routed ids ``[T, K]`` (logical ids, rows past
+``valid_rows`` are CUDA-graph padding and ignored):
+
+1. ``score = score * decay + routed`` (routed: the expert is routed by at least
+   one row of the step);
+2. candidates: routed experts that are not resident, highest score first
+   (ties: lower id), at most ``C``;
+3. victims: free slots first, then residents the step does not route and that
+   are not ``protected``, lowest score first (ties: lower id);
+4. pair ``i`` is taken while ``cand > victim + hysteresis`` (``None``: always);
+5. the copy kernel moves each taken pair's host row into its slot, then the
+   routing table and slot owners change (``commit``); the caller remaps the
+   step's ids from the new table before the fused kernel runs.
+
+Everything is tensor ops of fixed shape (``C``, ``S``, ``E``), with no host
+synchronization and no Python branch on a tensor value, so the same code runs
+on CPU (CI) and inside CUDA graphs. An expert the step routes is never a
+victim, so the fused kernel never reads a slot that changed under it; in
+full-copy mode an evicted expert's bytes already live in its host row, so
+eviction only repoints its table entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .promote import promote_copy
+
+NEG_INF = float("-inf")
+POS_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class CacheParams:
+    cap: int
+    """Promotions per layer per step (C)."""
+    decay: float = 0.9
+    hysteresis: float | None = None
+    """Promote only while candidate score > victim score + this; None: always (LFRU)."""
+    prior_weight: float = 1.0
+    """A control-plane swap's set enters the scores at this share of an always-routed expert's steady score."""
+
+    @property
+    def steady(self) -> float:
+        """Steady-state score of an expert routed every step: 1 / (1 - decay)."""
+        return 1.0 / (1.0 - self.decay)
+
+
+@dataclass
+class Pairs:
+    """One step's promotion pairs (all [C])."""
+
+    valid: torch.Tensor  # bool
+    cand: torch.Tensor  # int64 logical expert promoted
+    slot: torch.Tensor  # int64 slot it goes to (meaningful where valid)
+    victim: torch.Tensor  # int64 logical expert evicted, -1 for a free slot or an invalid pair
+
+
+CopyFn = Callable[[Sequence[torch.Tensor], int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+
+class LayerCache:
+    """Device state of one layer: scores, slot owners, protection, counters; and its step."""
+
+    def __init__(self, num_experts: int, num_slots: int, host_row_offset: int, phys_map: torch.Tensor, params: CacheParams):
+        if not 0 < num_slots <= num_experts:
+            raise ValueError(f"online cache needs 1..{num_experts} slots, got {num_slots}")
+        if params.cap < 1 or not 0.0 < params.decay < 1.0:
+            raise ValueError(f"online cache: cap must be >= 1 and decay in (0, 1), got {params.cap}, {params.decay}")
+        dev = phys_map.device
+        self.num_experts, self.num_slots, self.host_row_offset = num_experts, num_slots, host_row_offset
+        self.cap = min(params.cap, num_slots)
+        self.params = params
+        self.phys_map = phys_map
+        self.score = torch.zeros(num_experts, dtype=torch.float32, device=dev)
+        self.expert_in_slot = torch.full((num_slots,), -1, dtype=torch.int32, device=dev)
+        self.protected = torch.zeros(num_experts, dtype=torch.bool, device=dev)
+        self.promotions = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.evictions = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.steps = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._hyst = NEG_INF if params.hysteresis is None else float(params.hysteresis)
+        self._free_key = torch.tensor([NEG_INF, POS_INF], dtype=torch.float32, device=dev)
+
+    # ------------------------------------------------------------ per step (device, captured)
+
+    def observe(self, ids: torch.Tensor, valid_rows: torch.Tensor | None) -> torch.Tensor:
+        """Decay the scores and add this step's routed indicator; returns routed [E] bool."""
+        e = self.num_experts
+        t, k = ids.shape
+        flat = ids.reshape(-1).to(torch.int64)
+        if valid_rows is not None:
+            row = torch.arange(t * k, device=ids.device) // k
+            flat = torch.where(row < valid_rows, flat, e)  # padding rows go to a dummy entry
+        ind = torch.zeros(e + 1, dtype=torch.float32, device=ids.device).index_fill_(0, flat, 1.0)[:e]
+        self.score.mul_(self.params.decay).add_(ind)
+        self.steps.add_(1)
+        return ind > 0
+
+    def select(self, routed: torch.Tensor) -> Pairs:
+        """Candidates, victims and their pairing, from the updated scores (no state changes)."""
+        e, s, c = self.num_experts, self.num_slots, self.cap
+        resident = self.phys_map < self.host_row_offset
+        cand_key = torch.where(routed & ~resident, self.score, NEG_INF)
+        cv, ci = torch.sort(cand_key, descending=True, stable=True)
+        cv, ci = cv[:c], ci[:c]
+        free_key = self._free_key[(self.expert_in_slot >= 0).to(torch.int64)]  # -inf free, +inf taken
+        eligible = resident & ~routed & ~self.protected
+        exp_key = torch.where(eligible, self.score, POS_INF)
+        vk, vi = torch.sort(torch.cat([free_key, exp_key]), stable=True)
+        vk, vi = vk[:c], vi[:c]
+        is_free = vi < s
+        victim = torch.where(is_free, -1, vi - s)
+        slot = torch.where(is_free, vi, self.phys_map.index_select(0, victim.clamp(min=0)).to(torch.int64))
+        valid = (cv > NEG_INF) & (vk < POS_INF) & (cv > vk + self._hyst)
+        return Pairs(valid, ci, slot, torch.where(valid, victim, -1))
+
+    def commit(self, p: Pairs) -> None:
+        """Publish the pairs: victims to their host rows, candidates to their slots, slot owners."""
+        e, s, h = self.num_experts, self.num_slots, self.host_row_offset
+        pm = torch.cat([self.phys_map, self.phys_map.new_zeros(1)])  # index e: a dummy for masked writes
+        out = torch.where(p.victim >= 0, p.victim, e)
+        pm.index_put_((out,), (out + h).to(pm.dtype))
+        pm.index_put_((torch.where(p.valid, p.cand, e),), p.slot.to(pm.dtype))
+        self.phys_map.copy_(pm[:e])
+        owners = torch.cat([self.expert_in_slot, self.expert_in_slot.new_full((1,), -1)])
+        owners.index_put_((torch.where(p.valid, p.slot, s),), p.cand.to(owners.dtype))
+        self.expert_in_slot.copy_(owners[:s])
+        self.promotions.add_(p.valid.sum())
+        self.evictions.add_((p.victim >= 0).sum())
+
+    def trigger_rows(self, ids: torch.Tensor, p: Pairs) -> torch.Tensor:
+        """[C] int32: the first token row that routed each promoted expert, -1 where no promotion."""
+        t = ids.shape[0]
+        hit = (ids.reshape(1, t, -1) == p.cand.view(-1, 1, 1).to(ids.dtype)).any(dim=2)  # [C, T]
+        first = torch.argmax(hit.to(torch.int32), dim=1)
+        return torch.where(p.valid, first, -1).to(torch.int32)
+
+    def step(
+        self,
+        ids: torch.Tensor,
+        rows: Sequence[torch.Tensor],
+        valid_rows: torch.Tensor | None = None,
+        trigger_out: torch.Tensor | None = None,
+        copy: CopyFn = promote_copy,
+    ) -> torch.Tensor:
+        """Run one step and return ``ids`` remapped to physical rows after the promotions.
+
+        ``rows``: the bank tensors of every per-expert parameter ([H + E, ...]).
+        """
+        routed = self.observe(ids, valid_rows)
+        pairs = self.select(routed)
+        copy(rows, self.host_row_offset, pairs.valid, pairs.cand, pairs.slot)
+        self.commit(pairs)  # after the copy, same stream: the fused kernel reads the landed slot
+        if trigger_out is not None:
+            trigger_out.copy_(self.trigger_rows(ids, pairs))
+        return self.phys_map.index_select(0, ids.reshape(-1)).view(ids.shape).to(ids.dtype)
+
+    # ------------------------------------------------------------ control plane (host, between steps)
+
+    def install(self, owners: Sequence[int], prior: Sequence[int] = (), protected: Sequence[int] = ()) -> None:
+        """Adopt a slot assignment (the bank's table after a swap) and reset the scores.
+
+        The prior (a control-plane swap's set) enters the scores at ``prior_weight`` of the
+        steady score of an expert routed every step, so it decays like any usage and the
+        conversation overrides it within tens of steps; ``protected`` (the plan's core) is
+        never evicted. The routing table itself is the bank's (it already matches ``owners``).
+        """
+        if len(owners) != self.num_slots:
+            raise ValueError(f"{len(owners)} slot owners for {self.num_slots} slots")
+        dev = self.score.device
+        self.expert_in_slot.copy_(torch.tensor(list(owners), dtype=torch.int32).to(dev))
+        score = torch.zeros(self.num_experts, dtype=torch.float32)
+        if prior:
+            score[list(prior)] = self.params.prior_weight * self.params.steady
+        self.score.copy_(score.to(dev))
+        mask = torch.zeros(self.num_experts, dtype=torch.bool)
+        if protected:
+            mask[list(protected)] = True
+        self.protected.copy_(mask.to(dev))
+
+    def reset_counters(self) -> None:
+        for t in (self.promotions, self.evictions, self.steps):
+            t.zero_()
+
+    def read_owners(self) -> list[int]:
+        """Slot owners as the device holds them (synchronizes: control plane only)."""
+        return [int(x) for x in self.expert_in_slot.cpu().tolist()]
+
+    def counters(self) -> dict[str, int]:
+        vals = torch.cat([self.promotions, self.evictions, self.steps]).cpu().tolist()
+        return {"promotions": int(vals[0]), "evictions": int(vals[1]), "steps": int(vals[2])}
+
+
+def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_offset: int) -> list[str]:
+    """Problems with a (slot owners, routing table) pair; empty when they agree exactly."""
+    problems = []
+    e = len(phys_map)
+    seen = [x for x in owners if x >= 0]
+    if len(seen) != len(set(seen)):
+        problems.append(f"an expert owns two slots: {sorted(seen)}")
+    for slot, x in enumerate(owners):
+        if x >= e:
+            problems.append(f"slot {slot} owned by expert {x} >= {e}")
+        elif x >= 0 and phys_map[x] != slot:
+            problems.append(f"slot {slot} owned by expert {x} but its table entry is {phys_map[x]}")
+    owned = set(seen)
+    for x, row in enumerate(phys_map):
+        if x not in owned and row != host_row_offset + x:
+            problems.append(f"expert {x} is not resident but its table entry is {row}")
+    return problems
