@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reap_swap.benchmarks import learned_sets as ls
 
 GIB = 1 << 30
@@ -165,6 +167,20 @@ def prompt_token_check(model_dir: Path, trace: Any, texts: list[str]) -> str:
     return f"{same}/{trace.num_requests}"
 
 
+def diagnose(trace: Any, plan: Any, wishes: list[Any], prior: dict[int, Any], slots: int) -> dict[str, Any]:
+    """Reference points for reading the arms' scores (not installed by any arm)."""
+    from reap_swap.planning.traces import DECODE, PREFILL
+    from reap_swap.proxy.policy import ResidencyPolicy
+
+    layers, n, e = [int(x) for x in trace.meta["moe_layers"]], trace.num_requests, trace.num_experts
+    no_hyst = ls.replay_policy(ResidencyPolicy(plan, 0.0), [[w] for w in wishes], prior)
+    own_prefill = [ls.top_sets(ls.routed_mass(*ls.request_rows(trace, r, PREFILL), e), layers, slots) for r in range(n)]
+    decode_all = sum((ls.routed_mass(*ls.request_rows(trace, r, DECODE), e) for r in range(n)), np.zeros((len(layers), e)))
+    return {"classifier_hysteresis_0": ls.score(trace, ls.per_request(no_hyst.sets), slots),
+            "own_prefill_top_s": ls.score(trace, ls.per_request(own_prefill), slots),
+            "hindsight_static_decode_top_s": ls.score(trace, ls.fixed(ls.top_sets(decode_all, layers, slots)), slots)}
+
+
 async def _classify(clf: Any, texts: list[str]) -> list[tuple[Any, dict[str, Any]]]:
     return [await clf.select(t) for t in texts]
 
@@ -240,7 +256,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "classifier_prior": ls.static_policy_set(policy, with_clf.prior_wish(), clf_prior)}
     per_req: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in ("classifier", "classifier_bs8", "oracle", "oracle_bs8")}
     scores: dict[str, dict[str, Any]] = {}
-    requests, groups_out, policy_log, timings = {}, {}, {}, {}
+    requests, groups_out, policy_log, timings, diagnostics = {}, {}, {}, {}, {}
     for name, trace in traces.items():
         t0 = time.perf_counter()
         prompts = trace_prompts(trace, a.corpus or [Path(p) for p in trace.meta.get("corpus", [])])
@@ -275,6 +291,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             s = ls.score(trace, sets_for, slots)
             s["by_corpus"] = {lab: ls.score(trace, sets_for, slots, [r for r, (_, l) in enumerate(prompts) if l == lab]) for lab in labels}
             scores[name][arm] = s
+        diagnostics[name] = diagnose(trace, policy.plan, wishes, clf_prior, slots)
         timings[name] = {"classify_s": t1 - t0, "classify_ms_per_prompt": (t1 - t0) * 1e3 / max(n, 1), "sets_and_scores_s": time.perf_counter() - t1,
                          "prompt_tokens_match_prefill_rows": prompt_token_check(model_dir, trace, texts)}
     plain.close()
@@ -288,6 +305,9 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "requests": requests,
         "groups_bs8": groups_out,
         "scores": scores,
+        "diagnostics": {"what": "not arms: the classifier replayed without hysteresis; each request's own prefill routing top-S "
+                                "(a predictor that knew each prompt's own routing exactly); the top-S of the trace's own decode mass (hindsight static)",
+                        "scores": diagnostics},
         "policy": {"hysteresis": a.hysteresis, "mode": "union", "batch": a.batch, "start": "plan core (serve --start-resident core)",
                    "replay": policy_log},
         "plan": {"path": str(plan_path), "sha256": plan.sha256, "file_sha256": sha256_file(plan_path), "bytes": plan_path.stat().st_size,
