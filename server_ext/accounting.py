@@ -25,6 +25,16 @@ from .misses import MissLedger, RequestMisses
 from .request_slots import RequestSlots
 from .routing_kernels import MASS, MISSED, MISSED_MASS, ROUTED, accumulate_step
 
+def accumulate_promotions(promo_rows: torch.Tensor, layer_rows: torch.Tensor, row_slot: torch.Tensor, num_rows: int, promo_acc: torch.Tensor) -> None:
+    """promo_acc[slot, layer] += online-cache promotions of the step, each booked to the request of
+    the first token row that routed the promoted expert (``online_cache.LayerCache.trigger_rows``).
+    Fixed-shape torch ops, no host synchronization; one small scatter per step."""
+    rows = promo_rows.index_select(0, layer_rows).to(torch.int64)  # [L, C]
+    ok = (rows >= 0) & (rows < num_rows)
+    slot = row_slot.index_select(0, rows.clamp(0, row_slot.shape[0] - 1).reshape(-1)).view(rows.shape).to(torch.int64)
+    layer = layer_rows.to(torch.int64).view(-1, 1).expand_as(rows)
+    promo_acc.index_put_((slot, layer), ok.to(promo_acc.dtype), accumulate=True)
+
 _STAGE_RING = 8
 
 
@@ -52,16 +62,18 @@ class RoutingAccounting:
         self._tally: dict[str, list[int]] = {}  # request -> [tokens, steps] since its last drain
         self._pending: dict[int, _Drain] = {}  # slot -> drain whose copy may still be in flight
         self._ring = 0
+        self.promotions = arena.promo_cap > 0
         if self.cuda:
             self._stage = torch.zeros(_STAGE_RING, arena.max_tokens, dtype=torch.int32, pin_memory=True)
             self._stage_events = [torch.cuda.Event() for _ in range(_STAGE_RING)]
             self._mirror = torch.zeros(arena.acc.shape, dtype=arena.acc.dtype, pin_memory=True)
+            self._promo_mirror = torch.zeros(arena.promo_acc.shape, dtype=arena.promo_acc.dtype, pin_memory=True)
 
     @property
     def pinned_bytes(self) -> int:
         if not self.cuda:
             return 0
-        return self._stage.numel() * self._stage.element_size() + self._mirror.numel() * self._mirror.element_size()
+        return sum(t.numel() * t.element_size() for t in (self._stage, self._mirror, self._promo_mirror))
 
     def record_step(self, layout: StepLayout) -> None:
         """Queue the accumulation of the step that just ran (its capture rows are in the arena)."""
@@ -91,6 +103,8 @@ class RoutingAccounting:
         else:
             self.arena.row_slot[:t].copy_(rows)
         accumulate_step(self.arena.codes, self.arena.weights, self._layer_rows_dev, self.arena.row_slot, t, self.arena.acc)
+        if self.promotions:
+            accumulate_promotions(self.arena.promo_rows, self._layer_rows_dev, self.arena.row_slot, t, self.arena.promo_acc)
         self.steps_recorded += 1
 
     def finish(self, request_ids: Iterable[str]) -> None:
@@ -118,13 +132,18 @@ class RoutingAccounting:
         self.drains += 1
         if not self.cuda:
             sums = self.arena.acc[slot].numpy().copy()
+            promo = self.arena.promo_acc[slot].numpy().copy()
             self.arena.acc[slot].zero_()
-            self._book(request_id, sums, tokens, steps)
+            self.arena.promo_acc[slot].zero_()
+            self._book(request_id, sums, tokens, steps, promo)
             return
         if slot in self._pending:  # the mirror row is about to be reused
             self._book_slot(slot)
         self._mirror[slot].copy_(self.arena.acc[slot], non_blocking=True)
         self.arena.acc[slot].zero_()
+        if self.promotions:
+            self._promo_mirror[slot].copy_(self.arena.promo_acc[slot], non_blocking=True)
+            self.arena.promo_acc[slot].zero_()
         event = torch.cuda.Event()
         event.record()
         self._pending[slot] = _Drain(request_id, tokens, steps, event)
@@ -133,10 +152,11 @@ class RoutingAccounting:
         d = self._pending.pop(slot)
         if not landed and not d.event.query():
             d.event.synchronize()
-        self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps)
+        self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps, self._promo_mirror[slot].numpy())
 
-    def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int) -> None:
+    def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int, promo: np.ndarray) -> None:
         s = sums[self.layer_rows].astype(np.float64)  # [L, COMPONENTS, E]
+        promoted = np.rint(promo[self.layer_rows]).astype(np.int64) if promo.size else np.zeros(len(self.layer_rows), np.int64)
         self.ledger.add(
             request_id,
             RequestMisses(
@@ -147,5 +167,6 @@ class RoutingAccounting:
                 expert_mass=s[:, MASS].copy(),
                 tokens=tokens,
                 steps=steps,
+                promoted=promoted,
             ),
         )

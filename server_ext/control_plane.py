@@ -148,6 +148,21 @@ class ControlPlane:
             logger.error("reap-swap: %s", self.inconsistent)
             return False
 
+    async def refresh_view(self) -> None:
+        """With the online cache on, residency changes inside the forward: read every rank's resident
+        sets and cache counters back now (before a swap and for reports; never per step)."""
+        if not self.cfg.online_cache or self.plan is None:
+            return
+        views = await self._rpc("reap_cache_view")
+        self.worker_info["online_cache"] = views[0]["online_cache"]
+        self._check_ranks([v["resident"] for v in views], "after a read-back of the online caches")
+
+    async def read_back(self) -> None:
+        """``refresh_view`` for reports, serialized with swaps."""
+        if self.cfg.online_cache and self.plan is not None:
+            async with self._lock:
+                await self.refresh_view()
+
     async def _ensure_consistent(self) -> None:
         if self.inconsistent is not None and not await self.resync():
             raise HTTPError(503, f"resident state is being repaired ({self.inconsistent}); retry", "resident_state_inconsistent",
@@ -172,6 +187,7 @@ class ControlPlane:
         plan = self._require_plan()
         t0 = time.perf_counter()
         async with self._lock:
+            await self.refresh_view()
             await self._ensure_consistent()
             try:
                 req = parse_swap_request(payload, plan, self.resident, self.capacity, warm=warm)
@@ -220,8 +236,9 @@ class ControlPlane:
                 raise HTTPError(503, f"swap failed in a worker ({type(exc).__name__}: {exc}); {state}", "swap_failed",
                                 headers={"Retry-After": "1"}) from None
             worker = results[0]
-            if "complement" in worker:  # live exchange counters for /reap/status
-                self.worker_info["complement"] = worker["complement"]
+            for key in ("complement", "online_cache"):  # live counters for /reap/status
+                if key in worker:
+                    self.worker_info[key] = worker[key]
             if not self._check_ranks([r["resident"] for r in results], "after a swap"):
                 await self.resync()
                 raise HTTPError(503, f"swap left ranks inconsistent; {self.inconsistent or 'repaired'}", "swap_failed",

@@ -173,6 +173,7 @@ class ReapControlMiddleware:
         return await plane.router_misses(request.path_params["request_id"], reset in ("true", "1"))
 
     async def forensics(self, request: Request, plane: ControlPlane) -> Any:
+        await plane.read_back()
         return plane.forensics(request.path_params["request_id"])
 
     async def swap_cartridge(self, request: Request, plane: ControlPlane) -> Any:
@@ -185,4 +186,5 @@ class ReapControlMiddleware:
         return {"status": "ok", "requests_cleared": await plane.reset_router_stats()}
 
     async def status(self, request: Request, plane: ControlPlane) -> Any:
+        await plane.read_back()
         return plane.status()

@@ -60,7 +60,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep host rows only for experts not on the GPU (+ spares); swaps rotate host-row ownership")
     p.add_argument("--complement-spares", type=int, default=None,
                    help=f"spare host rows per MoE layer in --ram-complement mode (default {reap_config.DEFAULT_SPARES}, >= 1)")
+    p.add_argument("--online-cache", choices=reap_config.ONLINE_POLICIES, default=None,
+                   help="promote missed experts into slots inside the forward pass (graph-safe, capped per layer per step)")
+    p.add_argument("--online-cache-cap", type=int, default=None,
+                   help=f"--online-cache: promotions per MoE layer per step (default {reap_config.DEFAULT_CACHE_CAP})")
+    p.add_argument("--online-cache-decay", type=float, default=None,
+                   help=f"--online-cache: score decay per step, in (0, 1) (default {reap_config.DEFAULT_CACHE_DECAY})")
+    p.add_argument("--online-cache-hysteresis", type=float, default=None,
+                   help="--online-cache: promote only while candidate score > victim score + this (default: always)")
     return p
+
+
+def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
+    knobs = {"online_cache_cap": reap_config.ENV_CACHE_CAP, "online_cache_decay": reap_config.ENV_CACHE_DECAY,
+             "online_cache_hysteresis": reap_config.ENV_CACHE_HYSTERESIS}
+    given = {name: getattr(args, name, None) for name in knobs}
+    if not getattr(args, "online_cache", None):
+        if any(v is not None for v in given.values()):
+            raise SystemExit("reap-swap serve: error: --online-cache-* options need --online-cache")
+        return
+    if getattr(args, "ram_complement", False):
+        raise SystemExit("reap-swap serve: error: --online-cache needs the full host copy; it cannot be combined with --ram-complement")
+    env[reap_config.ENV_ONLINE_CACHE] = args.online_cache
+    for name, var in knobs.items():
+        if given[name] is not None:
+            env[var] = str(given[name])
 
 
 def plan_env(args: argparse.Namespace) -> dict[str, str]:
@@ -101,7 +125,11 @@ def plan_env(args: argparse.Namespace) -> dict[str, str]:
             if args.complement_spares < 1:
                 raise SystemExit("reap-swap serve: error: --complement-spares must be >= 1")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
-    cfg = reap_config.from_env(env)
+    _online_cache_env(args, env)
+    try:
+        cfg = reap_config.from_env(env)
+    except reap_config.ResidencyConfigError as exc:
+        raise SystemExit(f"reap-swap serve: error: {exc}") from None
     try:  # start-up residents must fit every layer's slot bank
         for layer in layout.moe_layers:
             cfg.start_resident(layer, layout.num_experts, cfg.slots_for(layer, layout.num_experts))

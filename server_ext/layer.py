@@ -10,7 +10,12 @@ it runs under torch.compile and CUDA graphs:
 1. one kernel maps logical expert ids to physical bank rows and writes each
    routed pair (hit or miss, gate weight) to this layer's rows of the routing
    arena, which the worker accumulates per request after the step;
-2. the stock fused-MoE path runs unchanged on the remapped ids.
+2. with the online cache on (``REAP_ONLINE_CACHE``), the promotion step
+   (``online_cache.py``): scores, up to C host -> slot copies, table update,
+   and the step's ids remapped once more from the updated table;
+3. the stock fused-MoE path runs unchanged on the remapped ids.
+
+Hits and misses are captured in step 1, as routed, before any promotion.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from . import config as reap_config
 from .arena import arena_for
 from .bank import ComplementSpec, ExpertBank, PlainBacking
 from . import logical_experts
+from .online_cache import CacheParams, LayerCache
 from .routing_kernels import remap_and_capture
 
 logger = logging.getLogger("reap_swap.server_ext")
@@ -55,6 +61,7 @@ class ResidentRoutedExperts(RoutedExperts):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.reap_bank: ExpertBank | None = None
+        self.reap_cache: LayerCache | None = None
         self.reap_complement_fallback: str | None = None
         """Why RAM-complement mode was asked for but the full-copy bank was built instead."""
         self.reap_layer_id = _layer_index(self.layer_name)
@@ -71,8 +78,9 @@ class ResidentRoutedExperts(RoutedExperts):
         if not isinstance(num_layers, int) or num_layers <= self.reap_layer_id:
             raise reap_config.ResidencyConfigError(f"cannot size the routing arena: num_hidden_layers={num_layers!r}")
         # One slot per schedulable request plus a few for requests whose sums are being read back.
-        arena = arena_for(vllm_config, num_layers, self.reap_max_tokens, int(self.top_k), self.global_num_experts, int(sched.max_num_seqs) + 8)
-        arena.check_layer(self.reap_layer_id, int(self.top_k), self.global_num_experts)
+        cap = cfg.cache_cap if cfg.online_cache else 0
+        arena = arena_for(vllm_config, num_layers, self.reap_max_tokens, int(self.top_k), self.global_num_experts, int(sched.max_num_seqs) + 8, cap)
+        arena.check_layer(self.reap_layer_id, int(self.top_k), self.global_num_experts, cap)
         self.reap_arena = arena
         self.reap_codes = arena.codes[self.reap_layer_id]
         self.reap_weights = arena.weights[self.reap_layer_id]
@@ -117,6 +125,11 @@ class ResidentRoutedExperts(RoutedExperts):
         self.reap_bank = bank
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
+        if cfg.online_cache and self.reap_slots > 0:
+            params = CacheParams(cfg.cache_cap, cfg.cache_decay, cfg.cache_hysteresis, cfg.cache_prior_weight)
+            bank = self.reap_bank
+            self.reap_cache = LayerCache(bank.num_experts, bank.num_slots, bank.table.host_row_offset, bank.phys_map, params)
+            self.reap_cache.install(bank.table.owners(), prior=start, protected=cfg.core(self.reap_layer_id))
         if device.type == "cuda":
             # The fused kernels size their expert histograms from this count; their tile
             # config and path still follow the logical count (logical_experts.py).
@@ -147,9 +160,15 @@ class ResidentRoutedExperts(RoutedExperts):
         if self.reap_bank is not None:
             if topk_ids.shape[0] > self.reap_max_tokens:
                 raise RuntimeError(f"{topk_ids.shape[0]} tokens in one step exceed max_num_batched_tokens={self.reap_max_tokens}")
-            topk_ids = remap_and_capture(
+            phys = remap_and_capture(
                 topk_ids, topk_weights, self.reap_phys_map, self.reap_host_offset, self.reap_codes, self.reap_weights
             )
+            cache = self.reap_cache
+            if cache is not None and topk_ids.shape[0] > 0:
+                arena = self.reap_arena
+                rows = [p.data for p in self.reap_bank.params.values()]
+                phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
+            topk_ids = phys
         return super().forward_modular(
             x=x,
             topk_weights=topk_weights,

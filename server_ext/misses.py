@@ -52,6 +52,7 @@ class RequestMisses:
     expert_mass: np.ndarray  # [L, E] gate mass per expert (any resident set's misses follow from it)
     tokens: int = 0
     steps: int = 0
+    promoted: np.ndarray | None = None  # [L] experts the online cache promoted on this request's routing
 
     @classmethod
     def zeros(cls, layers: int, experts: int) -> "RequestMisses":
@@ -68,13 +69,16 @@ class RequestMisses:
         self.expert_mass += other.expert_mass
         self.tokens += other.tokens
         self.steps += other.steps
+        if other.promoted is not None:
+            self.promoted = other.promoted.copy() if self.promoted is None else self.promoted + other.promoted
 
 
 class MissLedger:
     """Bounded per-request accumulator plus an all-requests total."""
 
-    def __init__(self, layer_ids: list[int], num_experts: int, max_requests: int = 1024):
+    def __init__(self, layer_ids: list[int], num_experts: int, max_requests: int = 1024, expert_bytes: int = 0):
         self.layer_ids = list(layer_ids)
+        self.expert_bytes = expert_bytes  # bytes one promotion copies over the host link
         self.num_experts = num_experts
         self.max_requests = max_requests
         self._requests: OrderedDict[str, RequestMisses] = OrderedDict()
@@ -153,12 +157,14 @@ class MissLedger:
         acc = self.collect(client_id)
         if acc is None:
             return None
-        return summarize(self.layer_ids, acc, self.engine_ids_for(client_id) if client_id != ALL_REQUESTS else [])
+        return summarize(self.layer_ids, acc, self.engine_ids_for(client_id) if client_id != ALL_REQUESTS else [], self.expert_bytes)
 
 
-def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str]) -> dict[str, Any]:
-    """The seed's ``by_layer`` / ``summary`` shape, plus expert-level counts."""
+def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str], expert_bytes: int = 0) -> dict[str, Any]:
+    """The seed's ``by_layer`` / ``summary`` shape, plus expert-level counts and online-cache promotions
+    (hits and misses are as routed, before any promotion)."""
     by_layer: dict[str, Any] = {}
+    promoted = acc.promoted if acc.promoted is not None else np.zeros(len(acc.observed), np.int64)
     for i, layer in enumerate(layer_ids):
         obs, ina = float(acc.observed[i]), float(acc.inactive[i])
         missed = np.nonzero(acc.miss_hits[i])[0]
@@ -170,6 +176,7 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "routed_pairs": int(acc.hits[i].sum()),
             "missed_pairs": int(acc.miss_hits[i].sum()),
             "expert_mass": [round(float(x), 6) for x in acc.expert_mass[i]],
+            "promoted_experts": int(promoted[i]),
         }
     obs_total, ina_total = float(acc.observed.sum()), float(acc.inactive.sum())
     return {
@@ -182,6 +189,8 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "routed_pairs": int(acc.hits.sum()),
             "missed_pairs": int(acc.miss_hits.sum()),
             "pair_miss_ratio": float(acc.miss_hits.sum() / acc.hits.sum()) if acc.hits.sum() else 0.0,
+            "promoted_experts": int(promoted.sum()),
+            "promotion_link_bytes": int(promoted.sum()) * int(expert_bytes),
             "tokens": int(acc.tokens),
             "steps": int(acc.steps),
         },

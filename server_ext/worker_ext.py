@@ -25,6 +25,7 @@ from .host_memory import process_memory
 from .host_rows import HostRegions
 from .layer import ResidentRoutedExperts
 from .misses import MissLedger
+from .online_cache import LayerCache, check_bijection
 
 logger = logging.getLogger("reap_swap.server_ext")
 
@@ -37,8 +38,14 @@ class WorkerResidency:
         self.banks: dict[int, ExpertBank] = {m.reap_layer_id: m.reap_bank for m in self.layers if m.reap_bank}
         first = next(iter(self.banks.values()))
         self.num_experts = first.num_experts
-        self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size)
+        self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size, first.expert_bytes)
         self.device = first.phys_map.device
+        self.caches: dict[int, LayerCache] = {m.reap_layer_id: m.reap_cache for m in self.layers if m.reap_cache is not None}
+        self.cfg = reap_config.from_env()
+        self.arena = self.layers[0].reap_arena
+        self._valid = _ValidRows(self.arena.valid_rows) if self.caches else None
+        if self.caches:  # vLLM's warm-up and graph-capture runs promoted on dummy routing: back to the start-up set
+            self.reset_caches({i: self.cfg.start_resident(i, self.num_experts, b.num_slots) for i, b in self.banks.items()}, counters=True)
         self.accounting = RoutingAccounting(self.layers[0].reap_arena, list(self.banks), self.ledger)
         self.accounting.enabled = accounting
         self.steps_attributed = 0
@@ -65,7 +72,64 @@ class WorkerResidency:
             "fallbacks": {f"layer_{m.reap_layer_id}": m.reap_complement_fallback for m in self.layers if m.reap_complement_fallback},
         }
 
+    def sync_tables(self) -> None:
+        """Read the online caches' slot owners back into the banks' tables (lazily: before a swap or
+        a report, never per step); refuses an owner list that disagrees with the device's routing table."""
+        for layer, cache in self.caches.items():
+            bank = self.banks[layer]
+            owners = cache.read_owners()
+            problems = check_bijection(owners, [int(x) for x in bank.phys_map.cpu().tolist()], bank.table.host_row_offset)
+            if problems:
+                raise RuntimeError(f"layer {layer}: online cache state is inconsistent: {problems[:3]}")
+            bank.table.assign(owners)
+
+    def reset_caches(self, target: dict[int, tuple[int, ...]], counters: bool = False) -> None:
+        """Make ``target`` resident (bank swaps) and restart those layers' caches with it as the prior."""
+        self.sync_tables()
+        for layer, ids in sorted(target.items()):
+            if layer in self.caches:
+                self.banks[layer].swap(tuple(ids))
+        self._install_priors(target, counters)
+
+    def _install_priors(self, target: dict[int, tuple[int, ...]], counters: bool = False) -> None:
+        for layer, ids in target.items():
+            cache = self.caches.get(layer)
+            if cache is not None:
+                cache.install(self.banks[layer].table.owners(), prior=tuple(ids), protected=self.cfg.core(layer))
+                if counters:
+                    cache.reset_counters()
+
+    def online_cache(self) -> dict[str, Any]:
+        """Policy, knobs and device counters of the online cache (read back now: reports only)."""
+        if not self.caches:
+            return {"enabled": False}
+        per_layer = {f"layer_{i}": c.counters() for i, c in self.caches.items()}
+        promotions = sum(v["promotions"] for v in per_layer.values())
+        any_cache = next(iter(self.caches.values()))
+        p = any_cache.params
+        return {
+            "enabled": True,
+            "policy": self.cfg.online_cache,
+            "cap": p.cap,
+            "decay": p.decay,
+            "hysteresis": p.hysteresis,
+            "prior_weight": p.prior_weight,
+            "prior": "a swap's set enters the scores at prior_weight / (1 - decay); the plan core is protected",
+            "layers": len(self.caches),
+            "promotions": promotions,
+            "evictions": sum(v["evictions"] for v in per_layer.values()),
+            "promotion_link_bytes": promotions * next(iter(self.banks.values())).expert_bytes,
+            "by_layer": per_layer,
+        }
+
+    def before_step(self, scheduler_output: Any) -> None:
+        """Tell the caches how many token rows of the next forward are real (the rest is graph padding)."""
+        if self._valid is not None:
+            n = getattr(scheduler_output, "total_num_scheduled_tokens", None)
+            self._valid.set(int(n) if isinstance(n, int) and n > 0 else self.arena.max_tokens)
+
     def resident_sets(self) -> dict[str, list[int]]:
+        self.sync_tables()
         return {f"layer_{i}": list(b.resident()) for i, b in self.banks.items()}
 
     def memory(self) -> dict[str, Any]:
@@ -99,6 +163,7 @@ class WorkerResidency:
             "accounting": self.accounting.enabled,
             "resident": self.resident_sets(),
             "complement": self.complement(),
+            "online_cache": self.online_cache(),
         }
 
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
@@ -126,12 +191,14 @@ class WorkerResidency:
             if layer not in self.banks:
                 raise ValueError(f"layer {layer} has no expert bank on this worker")
             wanted[layer] = tuple(int(e) for e in ids)
+        self.sync_tables()  # the online caches moved experts since the last swap
         for layer, ids in wanted.items():  # validate every layer before touching any
             self.banks[layer].table.plan(ids)
         total = SwapStats()
         t0 = time.perf_counter()
         for layer, ids in sorted(wanted.items()):
             total.add(self.banks[layer].swap(ids))
+        self._install_priors(wanted)
         return {
             "experts_loaded": total.experts_loaded,
             "experts_evicted": total.experts_evicted,
@@ -142,7 +209,37 @@ class WorkerResidency:
             "layers_changed": total.layers_changed,
             "resident": self.resident_sets(),
             "complement": self.complement(),
+            "online_cache": self.online_cache(),
         }
+
+
+class _ValidRows:
+    """Writes the step's real row count into the arena before the forward, without waiting (CUDA:
+    from a pinned ring, like the accounting's row map; CPU: a plain store)."""
+
+    def __init__(self, target: Any):
+        import torch
+
+        self.target = target
+        self.cuda = target.is_cuda
+        self._i = 0
+        if self.cuda:
+            self._stage = torch.zeros(_STAGE_RING, dtype=torch.int32, pin_memory=True)
+            self._events = [torch.cuda.Event() for _ in range(_STAGE_RING)]
+
+    def set(self, n: int) -> None:
+        if not self.cuda:
+            self.target.fill_(n)
+            return
+        i = self._i = (self._i + 1) % _STAGE_RING
+        if not self._events[i].query():
+            self._events[i].synchronize()
+        self._stage[i] = n
+        self.target.copy_(self._stage[i : i + 1], non_blocking=True)
+        self._events[i].record()
+
+
+_STAGE_RING = 8
 
 
 def host_regions(banks: dict[int, ExpertBank]) -> HostRegions:
@@ -165,6 +262,11 @@ def _wrap_execute_model(worker: Any, runtime: WorkerResidency) -> None:
 
     @functools.wraps(original)
     def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("dummy_run", False):
+            try:  # a wrong count only makes the cache treat rows as padding; ids stay correct
+                runtime.before_step(scheduler_output)
+            except Exception:
+                logger.exception("reap-swap: could not set the step's row count for the online cache")
         out = original(scheduler_output, *args, **kwargs)
         if not kwargs.get("dummy_run", False):
             try:
@@ -263,4 +365,11 @@ class ReapWorkerExtension:
 
     def reap_verify(self) -> dict[str, list[int]]:
         """Resident experts whose slot bytes differ from their host copy (must be empty)."""
-        return {f"layer_{i}": b.verify() for i, b in self._reap().banks.items()}
+        rt = self._reap()
+        rt.sync_tables()
+        return {f"layer_{i}": b.verify() for i, b in rt.banks.items()}
+
+    def reap_cache_view(self) -> dict[str, Any]:
+        """This rank's resident sets and online-cache counters, read back from the device now."""
+        rt = self._reap()
+        return {"rank": int(getattr(self, "rank", 0) or 0), "resident": rt.resident_sets(), "online_cache": rt.online_cache()}
