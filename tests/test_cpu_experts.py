@@ -212,3 +212,144 @@ def test_pair_index_places_cpu_outputs_in_the_per_k_cache():
     cpu_out = torch.arange(3 * h, dtype=torch.float32).reshape(3, h)
     cache.index_copy_(0, idx, cpu_out)
     assert torch.equal(cache.view(t, k, h)[cpu_mask], cpu_out)
+
+
+# --- the CPU kernel -------------------------------------------------------------------------
+
+from reap_swap.server_ext.cpu_experts import kernel as K  # noqa: E402
+
+
+def _layer(e: int, h: int, i: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(torch.bfloat16)
+    return w13, w2, g
+
+
+def _routing(t: int, k: int, e: int, g: torch.Generator):
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, k, generator=g), -1)
+    return ids, w
+
+
+def _assert_bf16_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    # a few bf16 ulps of the output's scale: different fp32 accumulation orders, one extra rounding
+    scale = b.float().abs().max().clamp(min=1e-6)
+    assert float((a.float() - b.float()).abs().max()) <= 2**-6 * float(scale)
+
+
+def _backends() -> list[str]:
+    out = ["torch", "linear"]
+    if K.native_library() is not None:
+        out.append("native")
+    return out
+
+
+def test_group_pairs_groups_by_expert_in_token_k_order():
+    ids = torch.tensor([[5, 2], [2, 7], [5, 1]])
+    w = torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.9, 0.1]])
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    b = K.group_pairs(ids, w, mask, row_of_expert=torch.arange(8) + 100)
+    assert b.experts.tolist() == [1, 2, 5]
+    assert b.rows.tolist() == [101, 102, 105] and b.rows.dtype == torch.int32
+    assert b.offsets.tolist() == [0, 1, 3, 5]
+    assert b.flat.tolist() == [5, 1, 2, 0, 4]
+    assert b.tokens.tolist() == [2, 0, 1, 0, 2]
+    assert torch.equal(b.weights, torch.tensor([0.1, 0.4, 0.7, 0.6, 0.9]))
+
+
+def test_cpu_threads_from_env(monkeypatch):
+    assert K.CpuThreads.parse_cpus("8-11, 14") == (8, 9, 10, 11, 14)
+    monkeypatch.setenv("REAP_CPU_EXPERT_CPUS", "2-3")
+    monkeypatch.delenv("REAP_CPU_EXPERT_THREADS", raising=False)
+    assert K.CpuThreads.from_env() == K.CpuThreads(n=2, cpus=(2, 3))
+    monkeypatch.setenv("REAP_CPU_EXPERT_THREADS", "5")
+    assert K.CpuThreads.from_env().n == 5
+
+
+@pytest.mark.parametrize("shape", [(6, 64, 48, 1, 4), (6, 64, 48, 7, 4), (5, 72, 40, 9, 3), (8, 256, 128, 3, 8)])
+def test_backends_match_the_reference(shape):
+    e, h, i, t, k = shape
+    w13, w2, g = _layer(e, h, i)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids, w = _routing(t, k, e, g)
+    mask = torch.rand(t, k, generator=g) < 0.7
+    mask[0, 0] = True
+    batch = K.group_pairs(ids, w, mask)
+    ref = K.CpuExperts("torch", K.CpuThreads(1)).run(x, w13, w2, batch)
+    # the reference is the per-pair formula itself
+    p = 0
+    for lo, hi, e_ in zip(batch.offsets[:-1].tolist(), batch.offsets[1:].tolist(), batch.experts.tolist()):
+        for p in range(lo, hi):
+            xt = x[int(batch.tokens[p])].float()
+            hh = (xt @ w13[e_].float().t()).to(torch.bfloat16)
+            a = K.silu_and_mul_bf16(hh)
+            want = ((a.float() @ w2[e_].float().t()) * batch.weights[p]).to(torch.bfloat16)
+            assert torch.equal(ref[p], want)
+    for backend in _backends():
+        got = K.CpuExperts(backend, K.CpuThreads(2)).run(x, w13, w2, batch)
+        _assert_bf16_close(got, ref)
+
+
+def test_bank_rows_are_read_through_row_of_expert():
+    e, h, i = 4, 64, 32
+    w13, w2, g = _layer(e + 3, h, i)  # a bank with 3 slot rows before the host rows
+    x = torch.randn(2, h, generator=g).to(torch.bfloat16)
+    ids, w = _routing(2, 2, e, g)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    host = K.group_pairs(ids, w, mask, row_of_expert=torch.arange(e) + 3)
+    direct = K.group_pairs(ids, w, mask)
+    for backend in _backends():
+        ce = K.CpuExperts(backend, K.CpuThreads(1))
+        assert torch.equal(ce.run(x, w13, w2, host), ce.run(x, w13[3:], w2[3:], direct))
+
+
+def test_empty_batch_and_bad_banks():
+    w13, w2, _ = _layer(2, 32, 16)
+    x = torch.zeros(1, 32, dtype=torch.bfloat16)
+    empty = K.group_pairs(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.bool))
+    assert K.CpuExperts("linear", K.CpuThreads(1)).run(x, w13, w2, empty).shape == (0, 32)
+    with pytest.raises(ValueError):
+        K.CpuExperts("linear", K.CpuThreads(1)).run(x, w13.float(), w2, empty)
+    with pytest.raises(ValueError):
+        K.CpuExperts("nope")
+
+
+def test_a_split_step_equals_the_all_gpu_step():
+    """GPU pairs from the reference arithmetic, CPU pairs from each backend, merged in k order."""
+    e, h, i, t, k = 16, 128, 64, 4, 4
+    w13, w2, g = _layer(e, h, i, seed=3)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids, w = _routing(t, k, e, g)
+    all_pairs = K.group_pairs(ids, w, torch.ones(t, k, dtype=torch.bool))
+    ref = K.CpuExperts("torch", K.CpuThreads(1))
+    all_gpu = K.per_k_outputs(ref.run(x, w13, w2, all_pairs), all_pairs, t, k)
+    split = plan_split(ids, torch.rand(t, k, generator=g) < 0.8, e, B, CostModel(link_GBps=50, cpu_GBps=50))
+    cpu_batch = K.group_pairs(ids, w, split.cpu_pairs)
+    assert cpu_batch.num_pairs > 0
+    for backend in _backends():
+        cpu_per_k = K.per_k_outputs(K.CpuExperts(backend, K.CpuThreads(2)).run(x, w13, w2, cpu_batch), cpu_batch, t, k)
+        got = combine(all_gpu, cpu_per_k, split.cpu_pairs)
+        want = stock_moe_sum(all_gpu)
+        if backend == "torch":  # same arithmetic on both sides: bit-identical to the all-GPU step
+            assert torch.equal(got, want)
+        _assert_bf16_close(got, want)
+
+
+def test_matches_vllm_cpu_fused_moe_on_a_tiny_layer():
+    ops = pytest.importorskip("vllm._custom_ops")
+    if not hasattr(torch.ops._C, "cpu_fused_moe"):
+        pytest.skip("this vLLM build has no CPU fused MoE")
+    e, h, i, t, k = 8, 64, 64, 3, 2
+    w13, w2, g = _layer(e, h, i, seed=7)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids, w = _routing(t, k, e, g)
+    out = torch.empty(t, h, dtype=torch.bfloat16)
+    ops.cpu_fused_moe(
+        out, x, ops.cpu_prepack_moe_weight(w13, "vec"), ops.cpu_prepack_moe_weight(w2, "vec"),
+        None, None, w.float(), ids.to(torch.int32), "silu", "vec",
+    )
+    batch = K.group_pairs(ids, w, torch.ones(t, k, dtype=torch.bool))
+    for backend in _backends():
+        per_k = K.per_k_outputs(K.CpuExperts(backend, K.CpuThreads(2)).run(x, w13, w2, batch), batch, t, k)
+        _assert_bf16_close(stock_moe_sum(per_k), out)

