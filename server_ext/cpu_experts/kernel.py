@@ -12,8 +12,9 @@ so the GPU adds them into the k-sum at their own places (``split.combine``).
 
 Backends:
   ``torch``  reference: weights widened to fp32, exact fp32 accumulation (slow; tests only).
-  ``linear`` ``F.linear`` on the bf16 rows (oneDNN/MKL inside torch), no weight copy; the second
-             GEMM rounds to bf16 before the routing weight (one extra rounding, within bf16).
+  ``linear`` ``F.linear`` on the bf16 rows: oneDNN's brgemm matmul on the plain ``ba`` weights
+             (avx512_core_bf16 / AMX), no weight copy; the second GEMM rounds to bf16 before the
+             routing weight (one extra rounding, within bf16).
   ``native`` ``native_experts.c`` built on first use with the machine's compiler for its own ISA
              (AVX-512 widening + FMA; plain C elsewhere), an OpenMP team of its own whose threads
              pin to ``CpuThreads.cpus``. Chosen by ``auto`` when it builds.
