@@ -30,6 +30,7 @@ import torch
 from .kernel import BACKENDS, CpuExperts, CpuThreads, group_pairs, native_error, native_library
 
 H, I = 2048, 768
+_ENV_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "REAP_CPU_EXPERT_THREADS", "REAP_CPU_EXPERT_CPUS")
 EXPERT_BYTES = (2 * I * H + H * I) * 2
 
 
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "shape": {"H": H, "I": I, "dtype": "bf16", "expert_bytes": EXPERT_BYTES, "experts": args.experts},
         "threads": {"n": threads.n, "cpus": list(threads.cpus)},
         "reps": args.reps,
+        "env": {k: os.environ.get(k) for k in _ENV_KEYS},
     }
     copy = memcpy_rates(args.copy_mib, args.reps)
     result["memcpy"] = copy

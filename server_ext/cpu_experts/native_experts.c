@@ -14,7 +14,11 @@
  * Threads: one OpenMP team per call with num_threads(n); its threads pin themselves to the
  * configured cores (reap_cpu_experts_set_cpus) so vLLM's own threads keep theirs. Call it from a
  * dedicated host thread: OpenMP keeps one team per calling thread, so torch's intra-op team on
- * the main thread is neither resized nor reused.
+ * the main thread is neither resized nor reused. GEMM items are handed out dynamically, so a
+ * thread preempted by someone else's delays only its current item. Team threads spin at the
+ * barriers (libgomp's default), right for dedicated cores; on shared, oversubscribed cores run
+ * the process with OMP_WAIT_POLICY=passive (a spinning thread waiting on a descheduled one
+ * otherwise costs a time slice per barrier: measured 4x slower on the 2-core CI box).
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -172,7 +176,7 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
       const uint16_t* src = x + (int64_t)pair_tok[p] * x_stride;
       for (int k = 0; k < H; k++) xs[(int64_t)p * H + k] = bf16_to_f32(src[k]);
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int it = 0; it < n_groups * items13; it++) {
       int g = it / items13, b = it % items13;
       int p0 = group_off[g], np = group_off[g + 1] - p0;
@@ -189,7 +193,7 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
         as[(int64_t)p * I + i] = round_bf16(s * u);
       }
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int it = 0; it < n_groups * items2; it++) {
       int g = it / items2, b = it % items2;
       int p0 = group_off[g], np = group_off[g + 1] - p0;
