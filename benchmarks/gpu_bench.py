@@ -15,6 +15,10 @@ caches or memory):
 All arms share the model (a config with the chosen expert shape, vLLM dummy
 weights) and re-seed each layer's router alike, so routing differs per layer
 and is the same in every arm.
+
+With ``--trace T --sets S`` the arms run on learned routing instead (every MoE
+layer replays a trained model's trace): see ``learned_bench`` for its arms and
+the H200 command lines.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from reap_swap.paths import bundled_model_dir
 
+from . import learned_bench, learned_report
 from .gpu_report import arm_summary, law_check, markdown, ratios
 from .shapes import SHAPES, write_model_dir
 
@@ -79,7 +84,8 @@ def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) ->
     spec_path = workdir / f"{spec['name']}.spec.json"
     out_path = workdir / f"{spec['name']}.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "reap_swap.benchmarks.gpu_arm", str(spec_path), str(out_path)]
+    out_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+    cmd = [sys.executable, "-m", spec.get("runner", "reap_swap.benchmarks.gpu_arm"), str(spec_path), str(out_path)]
     t = time.perf_counter()
     with log.open("ab") as fh:
         fh.write(f"\n==== {spec['name']} ====\n".encode())
@@ -100,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="reap-swap bench-gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="30b-a3b-24l", help="model shape (config only; vLLM dummy weights)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (with --trace: of {','.join(learned_bench.ARMS)})")
     p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident in reap_30")
     p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
     p.add_argument("--gen-bs8", type=int, default=32, help="tokens generated per request in the batch timing")
@@ -115,11 +121,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
     p.add_argument("--workdir", type=Path, help="model dir, specs, per-arm JSON and logs (default: a temp dir)")
     p.add_argument("--rebuild", type=Path, help="no run: rebuild --out and the table from this earlier result JSON")
+    p.add_argument("--resume", action="store_true", help="reuse arms that finished without error in --workdir")
+    learned = p.add_argument_group("learned routing (every MoE layer replays a routing trace)")
+    learned.add_argument("--trace", type=Path, help="routing trace (.npz, reap-swap record-traces): switches to the learned-routing arms")
+    learned.add_argument("--sets", type=Path, help="expert sets of the reap arms (reap-swap learned-sets JSON); required with --trace")
+    learned.add_argument("--trace-layers", help="trace layers feeding the model's MoE layers, comma-separated (default: 1:1, or spread evenly)")
+    learned.add_argument("--requests", type=int, default=8, help="trace requests timed at batch 1 (the first with >= --gen decode rows)")
+    learned.add_argument("--groups", type=int, default=2, help="groups of --batch consecutive trace requests timed together")
     args = p.parse_args(argv)
-    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    bad = [a for a in args.arms if a not in ARMS]
+    names = learned_bench.ARMS if args.trace else ARMS
+    args.arms = [a.strip() for a in (args.arms or ",".join(names)).split(",") if a.strip()]
+    bad = [a for a in args.arms if a not in names]
     if bad or not args.arms:
-        p.error(f"unknown arm(s) {bad}; choose from {', '.join(ARMS)}")
+        p.error(f"unknown arm(s) {bad}; choose from {', '.join(names)}")
+    if args.trace and not args.sets:
+        p.error("--trace needs --sets")
+    args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
+    if args.requests < 1 or args.groups < 1:
+        p.error("--requests and --groups must be >= 1")
     if not 0 < args.slots_fraction <= 1:
         p.error("--slots-fraction must be in (0, 1]")
     if args.gen < 2 or args.gen_bs8 < 2 or args.reps < 1 or args.batch < 1:
@@ -133,28 +152,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.rebuild:
         # Table and summary again from a finished run's raw arm results (e.g. after the report changed).
         old = json.loads(args.rebuild.read_text())
+        if old.get("mode") == "learned":
+            return _write(learned_report.summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {}), old.get("context", {})), args)
         return _write(summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {})), args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if args.device == "cuda" else "float32")
+    context: dict[str, Any] = {}
+    if args.trace:
+        try:
+            specs, context = learned_bench.build_specs(args, model_dir, shape)
+        except ValueError as exc:  # SetsError, TraceError: bad inputs, said plainly
+            print(f"reap-swap bench-gpu: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        specs = build_specs(args, model_dir)
+    raw = run_arms(specs, workdir, args)
+    command = "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    if args.trace:
+        return _write(learned_report.summarize(raw, shape, date, command, settings, context), args)
+    return _write(summarize(raw, shape, date, command, settings), args)
+
+
+def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each arm in its own process, in order, within the deadline; stock_gpu's output ids become the reference."""
     log = workdir / "arms.log"
     deadline = time.monotonic() + args.deadline_s
     raw: dict[str, dict[str, Any]] = {}
     ref_tokens: tuple[Any, Any] = (None, None)
-    for spec in build_specs(args, model_dir):
+    for spec in specs:
         left = deadline - time.monotonic()
-        if left < 30:
-            raw[spec["name"]] = {"spec": spec, "error": "not run: the deadline was reached"}
-            continue
         spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens
-        print(f"bench-gpu: arm {spec['name']} ({left:.0f} s left)", flush=True)
-        raw[spec["name"]] = run_arm(spec, workdir, left, log)
+        done = workdir / f"{spec['name']}.json"
+        old = json.loads(done.read_text()) if args.resume and done.is_file() else {}
+        same = {k: v for k, v in old.get("spec", {}).items() if not k.startswith("ref_tokens")} == json.loads(
+            json.dumps({k: v for k, v in spec.items() if not k.startswith("ref_tokens")}))
+        if old.get("done_s") is not None and not old.get("error") and same:
+            print(f"bench-gpu: arm {spec['name']} reused from {done}", flush=True)
+            raw[spec["name"]] = old
+        elif left < 30:
+            raw[spec["name"]] = {"spec": spec, "error": "not run: the deadline was reached"}
+        else:
+            print(f"bench-gpu: arm {spec['name']} ({left:.0f} s left)", flush=True)
+            raw[spec["name"]] = run_arm(spec, workdir, left, log)
         if spec["name"] == "stock_gpu":
             ref_tokens = (raw["stock_gpu"].get("tokens_bs1"), raw["stock_gpu"].get("tokens_bs8"))
-    command = "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv)
-    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    return _write(summarize(raw, shape, date, command, settings), args)
+    return raw
 
 
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +233,7 @@ def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: st
 def _write(result: dict[str, Any], args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
-    table = markdown(result)
+    table = learned_report.markdown(result) if result.get("mode") == "learned" else markdown(result)
     (args.md or args.out.with_suffix(".md")).write_text(table)
     print(table)
     print(f"wrote {args.out}")

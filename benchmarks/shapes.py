@@ -46,6 +46,8 @@ SHAPES: dict[str, MoeShape] = {
     "30b-a3b-24l": MoeShape("30b-a3b-24l", layers=24, hidden=2048, experts=128, top_k=8, moe_intermediate=768, heads=32, kv_heads=4, head_dim=128),
     # Same structure, small enough for a CPU smoke run.
     "tiny": MoeShape("tiny", layers=4, hidden=128, experts=16, top_k=4, moe_intermediate=64, heads=4, kv_heads=2, head_dim=32, dtype_bytes=4),
+    # The learned traces' routing shape (128 experts, top-8) on 4 layers, for a CPU smoke run of learned mode.
+    "tiny128": MoeShape("tiny128", layers=4, hidden=64, experts=128, top_k=8, moe_intermediate=32, heads=2, kv_heads=1, head_dim=32, dtype_bytes=4),
 }
 
 

