@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         for b in (int(s) for s in args.batches.split(",")):
             r = backend_rate(backend, b, args.experts, args.reps, threads)
             r["vs_memcpy"] = float(r["GBps"]) / memcpy
+            r["vs_read"] = float(r["GBps"]) / float(result["read_GBps"])
             per_backend[backend][f"batch{b}"] = r
             print(f"{backend:7s} batch {b}: {r['GBps']:.2f} GB/s ({r['vs_memcpy']:.0%} of memcpy {memcpy:.2f})", flush=True)
     result["backends"] = per_backend
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         result["winner_batch1"] = best
         result["cpu_kernel_GBps"] = best_rate
         result["cpu_kernel_vs_memcpy"] = best_rate / memcpy
+        result["cpu_kernel_vs_read"] = best_rate / float(result["read_GBps"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"memcpy {memcpy:.2f} GB/s, read {result['read_GBps']:.2f} GB/s; winner {result.get('winner_batch1')} -> {args.out}")
