@@ -353,3 +353,34 @@ def test_matches_vllm_cpu_fused_moe_on_a_tiny_layer():
     for backend in _backends():
         per_k = K.per_k_outputs(K.CpuExperts(backend, K.CpuThreads(2)).run(x, w13, w2, batch), batch, t, k)
         _assert_bf16_close(stock_moe_sum(per_k), out)
+
+
+def test_native_threads_pin_to_their_cores_and_leave_the_caller_alone():
+    import os
+    import threading
+
+    if K.native_library() is None or not hasattr(os, "sched_getaffinity"):
+        pytest.skip(f"native backend unavailable: {K.native_error()}")
+    main_mask = os.sched_getaffinity(0)
+    core = min(main_mask)
+    w13, w2, g = _layer(4, 64, 32)
+    x = torch.randn(2, 64, generator=g).to(torch.bfloat16)
+    ids, w = _routing(2, 2, 4, g)
+    batch = K.group_pairs(ids, w, torch.ones(2, 2, dtype=torch.bool))
+    seen: dict[str, object] = {}
+
+    def worker() -> None:  # the dedicated host thread of the CPU expert path
+        seen["out"] = K.CpuExperts("native", K.CpuThreads(2, cpus=(core,))).run(x, w13, w2, batch)
+        seen["mask"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    try:
+        assert seen["mask"] == {core}
+        assert os.sched_getaffinity(0) == main_mask
+        unpinned = K.CpuExperts("native", K.CpuThreads(2)).run(x, w13, w2, batch)
+        assert torch.equal(seen["out"], unpinned)
+        assert os.sched_getaffinity(0) == main_mask
+    finally:
+        K.CpuExperts("native", K.CpuThreads(2))  # leave the process unpinned

@@ -179,7 +179,12 @@ def native_error() -> str | None:
 
 
 class CpuExperts:
-    """Computes PairBatches from the bank rows with one backend and one thread setting."""
+    """Computes PairBatches from the bank rows with one backend and one thread setting.
+
+    The native backend's core pinning is process-wide (the last constructed instance's
+    ``threads.cpus`` wins; empty restores the mask the process had) and applies to the thread that
+    calls ``run`` as well as to its OpenMP team.
+    """
 
     def __init__(self, backend: str = "auto", threads: CpuThreads | None = None):
         self.threads = threads or CpuThreads.from_env()

@@ -41,10 +41,14 @@
 static int g_cpus[1024];
 static int g_ncpus = 0;
 static int g_gen = 1;
+static int g_have_all = 0;
+static cpu_set_t g_all; /* the setter's mask when first called: what "unpinned" restores */
 static __thread int t_gen = 0;
 
+/* Pin the team's threads (the calling thread is thread 0) to cpus[tid % n]; n = 0 unpins. */
 int reap_cpu_experts_set_cpus(const int* cpus, int n) {
   if (n < 0 || n > 1024) return -1;
+  if (!g_have_all && sched_getaffinity(0, sizeof(g_all), &g_all) == 0) g_have_all = 1;
   for (int i = 0; i < n; i++) g_cpus[i] = cpus[i];
   g_ncpus = n;
   __atomic_add_fetch(&g_gen, 1, __ATOMIC_SEQ_CST);
@@ -52,12 +56,17 @@ int reap_cpu_experts_set_cpus(const int* cpus, int n) {
 }
 
 static void pin_self(int tid) {
-  if (g_ncpus == 0 || t_gen == g_gen) return;
+  int gen = __atomic_load_n(&g_gen, __ATOMIC_SEQ_CST);
+  if (t_gen == gen) return;
+  t_gen = gen;
+  if (g_ncpus == 0) {
+    if (g_have_all) pthread_setaffinity_np(pthread_self(), sizeof(g_all), &g_all);
+    return;
+  }
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(g_cpus[tid % g_ncpus], &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  t_gen = g_gen;
 }
 
 static inline float bf16_to_f32(uint16_t v) {
