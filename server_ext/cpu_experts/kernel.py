@@ -186,7 +186,7 @@ class CpuExperts:
     calls ``run`` as well as to its OpenMP team.
     """
 
-    def __init__(self, backend: str = "auto", threads: CpuThreads | None = None):
+    def __init__(self, backend: str = "auto", threads: CpuThreads | None = None) -> None:
         self.threads = threads or CpuThreads.from_env()
         if backend == "auto":
             backend = "native" if native_library() is not None else "linear"
@@ -231,7 +231,9 @@ class CpuExperts:
                 self._run_torch(x, w13, w2, batch, out, exact=self.backend == "torch")
         return out
 
-    def _run_torch(self, x, w13, w2, batch: PairBatch, out: torch.Tensor, exact: bool) -> None:
+    def _run_torch(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor, exact: bool
+    ) -> None:
         offs = batch.offsets.tolist()
         for g, row in enumerate(batch.rows.tolist()):
             lo, hi = offs[g], offs[g + 1]
@@ -251,7 +253,7 @@ class CpuExperts:
             self._scratch[name] = t
         return t
 
-    def _run_native(self, x, w13, w2, batch: PairBatch, out: torch.Tensor) -> None:
+    def _run_native(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor) -> None:
         p, h = batch.num_pairs, x.shape[1]
         i = w2.shape[2]
         if w13[0].stride() != (h, 1) or w2[0].stride() != (i, 1) or x.stride(1) != 1 or not out.is_contiguous():
@@ -273,7 +275,7 @@ class CpuExperts:
 class _torch_threads:
     """Set torch's intra-op thread count for a block and put it back."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int) -> None:
         self.n = n
         self.prev = 0
 
