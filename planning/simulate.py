@@ -29,6 +29,9 @@ from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, loa
 
 POLICIES = ("static_topk", "prompt_prior", "lru", "lfru", "lfru_cap", "decayed_counters", "prior_decayed", "belady")
 ONLINE = ("lru", "lfru", "lfru_cap", "decayed_counters", "prior_decayed")
+# The policy the server ships: ``reap-swap serve --online-cache lfru`` runs ``lfru_cap`` (LFRU won the
+# online policies on learned 128-expert traces; the device needs a per-step cap).
+SHIPPED_POLICY = "lfru_cap"
 # ``lfru_cap`` as the server runs it by default (server_ext/config.py: REAP_ONLINE_CACHE_CAP / _DECAY).
 DEFAULT_CAP = 4
 DEFAULT_DECAY = 0.95
@@ -141,8 +144,16 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
         "decode_tokens_scored": decode_tokens,
         "policies": out,
         "best_online_policy": best_online,
-        "best_online_vs_belady": (out[best_online]["hit_rate_decode"] / out["belady"]["hit_rate_decode"]) if best_online and "belady" in out and out["belady"]["hit_rate_decode"] else None,
+        "best_online_vs_belady": _vs_belady(out, best_online),
+        "shipped_policy": SHIPPED_POLICY,
+        "shipped_vs_belady": _vs_belady(out, SHIPPED_POLICY),
     }
+
+
+def _vs_belady(out: dict[str, dict[str, Any]], name: str | None) -> float | None:
+    if not name or name not in out or "belady" not in out or not out["belady"]["hit_rate_decode"]:
+        return None
+    return (out[name]["hit_rate_decode"] or 0.0) / out["belady"]["hit_rate_decode"]
 
 
 def table(result: dict[str, Any]) -> str:
