@@ -110,7 +110,7 @@ class LayerCache:
 
     def select(self, routed: torch.Tensor) -> Pairs:
         """Candidates, victims and their pairing, from the updated scores (no state changes)."""
-        e, s, c = self.num_experts, self.num_slots, self.cap
+        s, c = self.num_slots, self.cap
         resident = self.phys_map < self.host_row_offset
         cand_key = torch.where(routed & ~resident, self.score, NEG_INF)
         cv, ci = torch.sort(cand_key, descending=True, stable=True)
