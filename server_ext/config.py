@@ -37,6 +37,7 @@ ENV_CACHE_CAP = "REAP_ONLINE_CACHE_CAP"
 ENV_CACHE_DECAY = "REAP_ONLINE_CACHE_DECAY"
 ENV_CACHE_HYSTERESIS = "REAP_ONLINE_CACHE_HYSTERESIS"
 ENV_CACHE_PRIOR = "REAP_ONLINE_CACHE_PRIOR_WEIGHT"
+ENV_CACHE_FUSED = "REAP_ONLINE_CACHE_FUSED"
 ONLINE_POLICIES = ("lfru",)
 # Chosen on learned 128-expert traces at 30 % slots (reap-swap simulate --policies lfru_cap, T=0.8):
 # decode hits 0.829 / 0.836 / 0.839 at cap 1 / 2 / 4 (decay 0.9; uncapped LFRU 0.839), 0.845 with
@@ -74,6 +75,8 @@ class ResidencyConfig:
     cache_decay: float = DEFAULT_CACHE_DECAY
     cache_hysteresis: float | None = None
     cache_prior_weight: float = DEFAULT_CACHE_PRIOR
+    cache_fused: bool = True
+    """CUDA: the step as one Triton program; 0 keeps the torch ops (same results, to compare on a GPU)."""
 
     @property
     def enabled(self) -> bool:
@@ -217,6 +220,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         cache_decay=decay,
         cache_hysteresis=_float_env(env, ENV_CACHE_HYSTERESIS, None, 0.0, 1e6, none_ok=True),
         cache_prior_weight=_float_env(env, ENV_CACHE_PRIOR, DEFAULT_CACHE_PRIOR, 0.0, 1e6) or 0.0,
+        cache_fused=_bool_env(env, ENV_CACHE_FUSED, True),
     )
 
 

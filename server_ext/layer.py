@@ -126,7 +126,7 @@ class ResidentRoutedExperts(RoutedExperts):
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
         if cfg.online_cache and self.reap_slots > 0:
-            params = CacheParams(cfg.cache_cap, cfg.cache_decay, cfg.cache_hysteresis, cfg.cache_prior_weight)
+            params = CacheParams(cfg.cache_cap, cfg.cache_decay, cfg.cache_hysteresis, cfg.cache_prior_weight, cfg.cache_fused)
             bank = self.reap_bank
             self.reap_cache = LayerCache(bank.num_experts, bank.num_slots, bank.table.host_row_offset, bank.phys_map, params)
             self.reap_cache.install(bank.table.owners(), prior=start, protected=cfg.core(self.reap_layer_id))

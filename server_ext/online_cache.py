@@ -23,7 +23,10 @@ Per step, with the step's routed ids ``[T, K]`` (logical ids, rows past
 
 Everything is tensor ops of fixed shape (``C``, ``S``, ``E``), with no host
 synchronization and no Python branch on a tensor value, so the same code runs
-on CPU (CI) and inside CUDA graphs. An expert the step routes is never a
+on CPU (CI) and inside CUDA graphs. On CUDA the same step runs by default as
+one Triton program per layer (``policy_triton.py``: steps 1-4, the table
+update and the remap; then the copy), bit-identical to these torch ops (CI
+compares them under Triton's interpreter). An expert the step routes is never a
 victim, so the fused kernel never reads a slot that changed under it; in
 full-copy mode an evicted expert's bytes already live in its host row, so
 eviction only repoints its table entry.
@@ -31,6 +34,7 @@ eviction only repoints its table entry.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -51,6 +55,8 @@ class CacheParams:
     """Promote only while candidate score > victim score + this; None: always (LFRU)."""
     prior_weight: float = 1.0
     """A control-plane swap's set enters the scores at this share of an always-routed expert's steady score."""
+    fused: bool = True
+    """On CUDA, run the step as one Triton program (``policy_triton.py``) instead of ~70 small torch kernels."""
 
     @property
     def steady(self) -> float:
@@ -87,9 +93,9 @@ class LayerCache:
         self.score = torch.zeros(num_experts, dtype=torch.float32, device=dev)
         self.expert_in_slot = torch.full((num_slots,), -1, dtype=torch.int32, device=dev)
         self.protected = torch.zeros(num_experts, dtype=torch.bool, device=dev)
-        self.promotions = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.evictions = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.steps = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.counts = torch.zeros(3, dtype=torch.int64, device=dev)  # promotions, evictions, steps
+        self.promotions, self.evictions, self.steps = self.counts[0:1], self.counts[1:2], self.counts[2:3]
+        self.fused = dev.type == "cuda" and params.fused
         self._hyst = NEG_INF if params.hysteresis is None else float(params.hysteresis)
         self._free_key = torch.tensor([NEG_INF, POS_INF], dtype=torch.float32, device=dev)
 
@@ -159,6 +165,8 @@ class LayerCache:
 
         ``rows``: the bank tensors of every per-expert parameter ([H + E, ...]).
         """
+        if self.fused:
+            return self.step_fused(ids, rows, valid_rows, trigger_out, copy)
         routed = self.observe(ids, valid_rows)
         pairs = self.select(routed)
         copy(rows, self.host_row_offset, pairs.valid, pairs.cand, pairs.slot)
@@ -166,6 +174,36 @@ class LayerCache:
         if trigger_out is not None:
             trigger_out.copy_(self.trigger_rows(ids, pairs))
         return self.phys_map.index_select(0, ids.reshape(-1)).view(ids.shape).to(ids.dtype)
+
+    def step_fused(
+        self,
+        ids: torch.Tensor,
+        rows: Sequence[torch.Tensor],
+        valid_rows: torch.Tensor | None = None,
+        trigger_out: torch.Tensor | None = None,
+        copy: CopyFn = promote_copy,
+    ) -> torch.Tensor:
+        """``step`` as one Triton program, then the copy. The program publishes the table before
+        the copy runs; no reader sits between them (the fused MoE kernel comes after both)."""
+        from . import policy_triton
+
+        kernel = policy_triton.jitted(os.environ.get("TRITON_INTERPRET", "0") == "1")
+        ids = ids if ids.is_contiguous() else ids.contiguous()
+        t, k = ids.shape
+        c, dev = self.cap, ids.device
+        out = torch.empty_like(ids)
+        valid = torch.empty(c, dtype=torch.uint8, device=dev)
+        cand, slot, victim = (torch.empty(c, dtype=torch.int64, device=dev) for _ in range(3))
+        block_e = triton_next_pow2(self.num_experts)
+        kernel[(1,)](
+            ids, out, t * k, valid_rows if valid_rows is not None else self.counts, self.score, self.phys_map, self.expert_in_slot,
+            self.protected.view(torch.uint8), valid, cand, slot, victim, trigger_out if trigger_out is not None else self.counts,
+            self.counts, self.params.decay, self._hyst, self.host_row_offset, self.num_experts, self.num_slots,
+            K=k, C=c, BLOCK_E=block_e, BLOCK_S=triton_next_pow2(self.num_slots), BLOCK_T=max(16, 8192 // block_e),
+            HAS_VALID=valid_rows is not None, HAS_TRIG=trigger_out is not None, num_warps=4, enable_fp_fusion=False,
+        )
+        copy(rows, self.host_row_offset, valid.view(torch.bool), cand, slot)
+        return out
 
     # ------------------------------------------------------------ control plane (host, between steps)
 
@@ -201,6 +239,10 @@ class LayerCache:
     def counters(self) -> dict[str, int]:
         vals = torch.cat([self.promotions, self.evictions, self.steps]).cpu().tolist()
         return {"promotions": int(vals[0]), "evictions": int(vals[1]), "steps": int(vals[2])}
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_offset: int) -> list[str]:

@@ -114,6 +114,7 @@ class WorkerResidency:
             "decay": p.decay,
             "hysteresis": p.hysteresis,
             "prior_weight": p.prior_weight,
+            "step": "one Triton program per layer" if any_cache.fused else "torch ops",
             "prior": "a swap's set enters the scores at prior_weight / (1 - decay); the plan core is protected",
             "layers": len(self.caches),
             "promotions": promotions,

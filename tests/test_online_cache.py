@@ -283,3 +283,17 @@ def test_simulate_scores_lfru_cap_with_the_server_defaults() -> None:
     assert res["lfru_cap"] == {"cap": 1, "hysteresis": None, "decay": sim.DEFAULT_DECAY}
     capped, free = res["policies"]["lfru_cap"], res["policies"]["lfru"]
     assert 0 < capped["promotions_per_token"] < free["promotions_per_token"]
+
+
+def test_fused_triton_step_equals_the_torch_core() -> None:
+    """The one-program CUDA step (interpreted) keeps every tensor of the state bit-identical to the torch core.
+    In a subprocess: Triton's reductions run interpreted only when TRITON_INTERPRET is set before it is imported."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "tests.fused_policy_check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fused == core" in proc.stdout

@@ -1,0 +1,49 @@
+"""``TRITON_INTERPRET=1 python -m tests.fused_policy_check``: the fused Triton step (``policy_triton.py``,
+interpreted) against the torch core, step by step, every state tensor bit-identical (run by
+``test_online_cache.test_fused_triton_step_equals_the_torch_core``)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from tests.test_online_cache import Layer
+
+CASES = [(16, 5, 2, None, torch.int32), (128, 38, 4, 0.5, torch.int64), (12, 12, 3, None, torch.int32), (64, 19, 1, 0.0, torch.int32)]
+
+
+def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, steps: int = 60) -> int:
+    rng = np.random.default_rng(e + cap)
+    start = tuple(int(x) for x in rng.permutation(e)[: s // 2])
+    a = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+    b = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+    for step in range(steps):
+        t = int(rng.integers(1, 6))
+        hot = rng.permutation(e)[: max(4, e // 3)]  # skewed routing, so scores tie and differ
+        ids = torch.tensor(np.stack([rng.permutation(hot)[:4] for _ in range(t)]), dtype=ids_dtype)
+        vr = torch.tensor([int(rng.integers(1, t + 1))], dtype=torch.int32) if step % 3 else None
+        ta, tb = torch.full((cap,), 9, dtype=torch.int32), torch.full((cap,), 9, dtype=torch.int32)
+        oa = a.cache.step(ids, a.rows, vr, ta)
+        ob = b.cache.step_fused(ids, b.rows, vr, tb)
+        where = f"case {(e, s, cap, hyst)} step {step}"
+        assert ob.dtype == ids_dtype and torch.equal(oa, ob), where
+        assert torch.equal(ta, tb), f"{where}: trigger rows {ta.tolist()} vs {tb.tolist()}"
+        for name in ("score", "expert_in_slot", "phys_map", "counts"):
+            assert torch.equal(getattr(a.cache, name), getattr(b.cache, name)), f"{where}: {name}"
+    for ra, rb in zip(a.rows, b.rows):
+        assert torch.equal(ra, rb)
+    b.check()
+    return int(b.cache.promotions)
+
+
+def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    promoted = [check(*case) for case in CASES]
+    assert all(p > 3 for p in promoted), promoted
+    print(f"fused == core: {len(CASES)} cases, promotions {promoted}")
+
+
+if __name__ == "__main__":
+    main()
