@@ -67,7 +67,7 @@ class RoutingAccounting:
             self._stage = torch.zeros(_STAGE_RING, arena.max_tokens, dtype=torch.int32, pin_memory=True)
             self._stage_events = [torch.cuda.Event() for _ in range(_STAGE_RING)]
             self._mirror = torch.zeros(arena.acc.shape, dtype=arena.acc.dtype, pin_memory=True)
-            self._promo_mirror = torch.zeros(arena.promo_acc.shape, dtype=arena.promo_acc.dtype, pin_memory=True)
+            self._promo_mirror = torch.zeros(arena.promo_acc.shape, dtype=arena.promo_acc.dtype, pin_memory=self.promotions)
 
     @property
     def pinned_bytes(self) -> int:
