@@ -43,6 +43,8 @@ def _environment(spec: dict[str, Any]) -> None:
         os.environ[rc.ENV_SLOTS] = str(spec["slots"])
         os.environ[rc.ENV_START] = json.dumps(spec["start"])
         os.environ[rc.ENV_ACCOUNTING] = "1"
+        if spec.get("online_cache"):
+            os.environ[rc.ENV_ONLINE_CACHE] = spec["online_cache"]
 
 
 def prompts_for(reqs: Sequence[TraceRequest], vocab: int, seed: int) -> Prompts:
@@ -108,14 +110,21 @@ def _summary(llm: Any) -> dict[str, Any]:
     return llm.collective_rpc("reap_router_misses", args=("__all__",))[0]["summary"]
 
 
-def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Prompts) -> dict[str, Any]:
-    """Measured by reap-swap's miss accounting: decode pairs = a full run's minus a prefill-only run's."""
+def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Prompts, reswap: bool = False) -> dict[str, Any]:
+    """Measured by reap-swap's miss accounting: decode pairs = a full run's minus a prefill-only run's.
+
+    With the online cache the resident set moves during a run, so ``reswap`` installs the
+    batch's set again before the full run: both runs then start from that set (exact up to
+    the cache's tie-breaking by slot order).
+    """
     per_batch = []
     for tag, reqs, target in batches:
         swap(llm, target)
         llm.collective_rpc("reap_reset_router_stats")
         run_requests(llm, routing, reqs, prompts, tag + ".p", max_tokens=1)
         a = _summary(llm)
+        if reswap:
+            swap(llm, target)
         llm.collective_rpc("reap_reset_router_stats")
         run_requests(llm, routing, reqs, prompts, tag + ".f")
         b = _summary(llm)
@@ -272,7 +281,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     hits: dict[str, Any] = {}
     for key, batches in runs.items():
         if reap:  # the warm-up pass, with the accounting
-            hits[key] = accounted_hits(llm, routing, batches, prompts)
+            hits[key] = accounted_hits(llm, routing, batches, prompts, reswap=bool(spec.get("online_cache")))
             res.save("hits", hits)
         else:
             for tag, reqs, _ in batches:
@@ -286,6 +295,9 @@ def run(spec: dict[str, Any], res: Results) -> None:
             same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
             res.save("identical_ids" if key == "bs1" else "identical_ids_bs8", all(same.values()) and set(ref) == set(tokens))
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
+    if reap and spec.get("online_cache"):
+        state = llm.collective_rpc("reap_state")[0].get("online_cache") or {}
+        res.save("online_cache", {k: v for k, v in state.items() if k != "by_layer"})
     res.save("trace_routing", routing.describe())
     res.save("done_s", time.perf_counter() - T0)
 

@@ -10,6 +10,8 @@ would. At the sets file's slot count (30 % of each layer's experts):
 * ``reap_plan``        reap-swap, the plan's core + static slices (``sets.plan``)
 * ``reap_classifier``  reap-swap, the classifier's per-request set swapped in before each request
                        (bs1), the group's union set before each batch of 8 (bs8)
+* ``reap_cache``       reap-swap with the online expert cache (``REAP_ONLINE_CACHE=lfru``, server
+                       defaults), starting from the static top-k set: promote on miss inside the forward
 
 GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
 VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 2 min per arm at the
@@ -50,7 +52,7 @@ from .learned_inputs import (
 )
 from .shapes import MoeShape
 
-ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier")
+ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache")
 RUNNER = "reap_swap.benchmarks.learned_arm"
 
 
@@ -115,12 +117,22 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
         return spec
 
+    def cache_arm(spec: dict[str, Any]) -> dict[str, Any]:
+        # The static set is installed before each request (batch) as the proxy installs a prompt
+        # prior; the cache then promotes on miss. The resident set moves as the requests run, so no
+        # offline replay of a fixed set applies (``reap-swap simulate --policies lfru_cap`` is the
+        # rule's offline estimate over one stream).
+        prior = fixed["reap_static"]
+        return {**spec, "name": "reap_cache", "online_cache": "lfru", "offline": None, "predicted": None,
+                "per_request": {str(q.index): prior for q in bs1}, "per_group": {str(g["group"]): prior for g in groups}}
+
     builders = {
         "stock_gpu": lambda: {**base, "name": "stock_gpu", "kind": "stock"},
         "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock", "offload_gib": shape.offload_gib_for_slots(sets.slots)},
         "reap_static": lambda: reap("reap_static", "static_topk", "static_topk"),
         "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
         "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),
+        "reap_cache": lambda: cache_arm(reap("reap_static", "static_topk", "static_topk")),
     }
     context = {
         "trace": str(args.trace),

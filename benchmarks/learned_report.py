@@ -15,7 +15,7 @@ from typing import Any
 from .gpu_report import _fmt, _get, _ratio
 from .shapes import MoeShape
 
-REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier")
+REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache")
 LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
 
 
@@ -63,6 +63,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "gpu_used_gib": _get(raw, "memory", "gpu_used_gib"),
         "pinned_host_gib": _get(raw, "memory", "pinned_host_gib"),
         "llm_init_s": _get(raw, "memory", "llm_init_s"),
+        "online_cache": raw.get("online_cache"),
         "error": raw.get("error"),
     }
 

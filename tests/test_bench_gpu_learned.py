@@ -191,7 +191,7 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     arms = res["arms"]
-    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier"]
+    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache"]
     for key in ("date", "gpu", "model", "arms", "ratios", "context"):
         assert key in res
     for name, a in arms.items():
@@ -201,7 +201,7 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
         assert a["decode_tok_s_bs1"] > 0 and a["decode_tok_s_bs8"] > 0 and a["ttft_ms"] > 0
         if name != "stock_gpu":
             assert a["identical_ids"] is True and a["identical_ids_bs8"] is True, name
-    for arm in ("reap_static", "reap_plan", "reap_classifier"):
+    for arm in ("reap_static", "reap_plan", "reap_classifier", "reap_cache"):
         for bs in ("bs1", "bs8"):
             assert res["ratios"][f"{arm}_vs_stock_offload_{bs}"] > 0
     # Measured (reap-swap's accounting of the replayed routing) = offline (sets x trace rows), computed here independently.
@@ -233,4 +233,9 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert arms["reap_static"]["hit_rate_decode_predicted"] == 0.61 and arms["reap_classifier"]["hit_rate_decode_bs8_predicted"] == 0.7
     assert arms["stock_gpu"]["hit_rate_decode"] == 1.0 and arms["stock_offload"]["hit_rate_decode"] == 1.0  # no offload on CPU
     assert arms["reap_classifier"]["swap_ms_bs1"] is not None and arms["reap_static"]["swap_ms_bs1"] is None
+    # The online cache starts from the static set and promotes on miss: same ids, hits as routed.
+    cache = arms["reap_cache"]
+    assert cache["hit_rate_source"] == "reap-swap miss accounting" and 0 < cache["hit_rate_decode"] <= 1
+    assert cache["replay_checked"] is None and cache["hit_rate_decode_offline"] is None
+    assert (cache.get("online_cache") or {}).get("promotions", 0) > 0
     assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu, learned routing")
