@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 T0 = time.perf_counter()
 
@@ -243,14 +243,19 @@ def _sweep(llm: Any, spec: dict[str, Any], res: Results, bs1: list[dict[str, lis
 
 
 def main(argv: list[str] | None = None) -> int:
+    return arm_main(run, "gpu_arm", argv)
+
+
+def arm_main(run_arm: Callable[[dict[str, Any], Results], None], module: str, argv: list[str] | None = None) -> int:
+    """``python -m reap_swap.benchmarks.<module> SPEC OUT``: run one arm, record any error in OUT, skip vLLM's teardown."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2:
-        print("usage: python -m reap_swap.benchmarks.gpu_arm SPEC.json OUT.json", file=sys.stderr)
+        print(f"usage: python -m reap_swap.benchmarks.{module} SPEC.json OUT.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
     res = Results(Path(args[1]))
     try:
-        run(spec, res)
+        run_arm(spec, res)
     except Exception as exc:  # the orchestrator reports it beside the other arms
         import traceback
 

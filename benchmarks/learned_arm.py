@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .gpu_arm import Results, _engine_kwargs, _memory, _versions
+from .gpu_arm import Results, _engine_kwargs, _memory, _versions, arm_main
 from .learned_inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
 
 T0 = time.perf_counter()
@@ -303,23 +301,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m reap_swap.benchmarks.learned_arm SPEC.json OUT.json", file=sys.stderr)
-        return 2
-    spec = json.loads(Path(args[0]).read_text())
-    res = Results(Path(args[1]))
-    try:
-        run(spec, res)
-    except Exception as exc:  # the orchestrator reports it beside the other arms
-        import traceback
-
-        res.save("error", f"{type(exc).__name__}: {exc}")
-        res.save("traceback", traceback.format_exc()[-4000:])
-        sys.stdout.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    os._exit(0)  # skip vLLM's slow teardown; everything is written
+    return arm_main(run, "learned_arm", argv)
 
 
 if __name__ == "__main__":
