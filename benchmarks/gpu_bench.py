@@ -237,6 +237,11 @@ def _write(result: dict[str, Any], args: argparse.Namespace) -> int:
     (args.md or args.out.with_suffix(".md")).write_text(table)
     print(table)
     print(f"wrote {args.out}")
+    cache = learned_report.cache_summary(result) if result.get("mode") == "learned" else None
+    if cache is not None:  # the online-cache view of the same run, beside it
+        path = args.out.with_name("bench_gpu_cache.json")
+        path.write_text(json.dumps(cache, indent=1))
+        print(f"wrote {path}")
     return 0 if not any(a.get("error") for a in result["arms"].values()) else 1
 
 

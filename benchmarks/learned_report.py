@@ -82,6 +82,30 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The online-cache arm against stock offload and the static set, from one learned run (None without it)."""
+    arms = result.get("arms") or {}
+    if "reap_cache" not in arms:
+        return None
+    keep = ("decode_tok_s_bs1", "decode_tok_s_bs8", "ttft_ms", "ttft_ms_with_swap", "hit_rate_decode", "hit_rate_decode_bs8",
+            "hit_rate_prefill", "identical_ids", "identical_ids_bs8", "link_bytes_per_token_bs1", "online_cache", "error")
+    g = lambda arm, key: (arms.get(arm) or {}).get(key)  # noqa: E731
+    return {
+        "date": result.get("date"),
+        "gpu": result.get("gpu"),
+        "model": result.get("model"),
+        "trace": (result.get("context") or {}).get("trace"),
+        "source": "the reap_cache arm of this learned-routing bench-gpu run (same process layout, same requests)",
+        "arms": {a: {k: g(a, k) for k in keep} for a in ("stock_offload", "reap_static", "reap_cache") if a in arms},
+        "ratios": {
+            "cache_vs_stock_offload_bs1": _ratio(g("reap_cache", "decode_tok_s_bs1"), g("stock_offload", "decode_tok_s_bs1")),
+            "cache_vs_stock_offload_bs8": _ratio(g("reap_cache", "decode_tok_s_bs8"), g("stock_offload", "decode_tok_s_bs8")),
+            "cache_vs_static_bs1": _ratio(g("reap_cache", "decode_tok_s_bs1"), g("reap_static", "decode_tok_s_bs1")),
+            "cache_vs_static_bs8": _ratio(g("reap_cache", "decode_tok_s_bs8"), g("reap_static", "decode_tok_s_bs8")),
+        },
+    }
+
+
 def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, command: str, settings: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}

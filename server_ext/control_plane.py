@@ -30,6 +30,7 @@ from .active_set import PayloadError, ResidentSets, SwapRequest, compute_delta, 
 from .cartridges import CartridgeStore, check_id
 from .config import ResidencyConfig
 from .errors import HTTPError
+from .metrics import exposition
 from .misses import ALL_REQUESTS
 from .ratelimit import TokenBucket
 
@@ -289,6 +290,14 @@ class ControlPlane:
         report["request_id"] = request_id
         report["active_set_signature"] = signature(self.resident)
         return report
+
+    async def metrics_text(self) -> bytes:
+        """Prometheus text of the residency counters, read from the workers now (a scrape, never per step)."""
+        self._require_plan()
+        await self.read_back()
+        state = (await self._rpc("reap_state"))[0]
+        misses = (await self._rpc("reap_router_misses", ALL_REQUESTS, False))[0]
+        return exposition(dict(self.counters.__dict__), state, misses)
 
     def resident_summary(self) -> dict[str, Any]:
         return {

@@ -94,6 +94,9 @@ class ReapControlMiddleware:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, self._lifespan_send(scope, send))
             return
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] == "GET" and self.plane is not None:
+            await self._metrics(scope, receive, send)
+            return
         if scope["type"] == "http":
             matches = {r.matches(scope)[0] for r in self.router.routes}
             if Match.FULL in matches:
@@ -104,6 +107,33 @@ class ReapControlMiddleware:
                 await _json(body, 405)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's own ``/metrics``, with the residency metrics appended (read at scrape time)."""
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def buffer(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, buffer)
+        if start is None:
+            return
+        body = b"".join(chunks)
+        if start["status"] == 200 and self.plane is not None:
+            try:
+                body += await self.plane.metrics_text()
+            except Exception as exc:  # noqa: BLE001 - vLLM's metrics still go out
+                logger.warning("reap-swap: residency metrics unavailable: %s", exc)
+                body += f"# reap-swap residency metrics unavailable: {type(exc).__name__}\n".encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     def _lifespan_send(self, scope: Scope, send: Send) -> Send:
         async def wrapped(message: Message) -> None:

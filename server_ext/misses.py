@@ -191,6 +191,10 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "pair_miss_ratio": float(acc.miss_hits.sum() / acc.hits.sum()) if acc.hits.sum() else 0.0,
             "promoted_experts": int(promoted.sum()),
             "promotion_link_bytes": int(promoted.sum()) * int(expert_bytes),
+            # Each missed pair's expert crosses the host link once: read by the kernel over UVA, or
+            # copied by its promotion (which replaces that read). Exact for one token per step (batch-1
+            # decode); an upper bound when tokens of one step share a missed expert.
+            "link_bytes": int(acc.miss_hits.sum()) * int(expert_bytes),
             "tokens": int(acc.tokens),
             "steps": int(acc.steps),
         },

@@ -238,4 +238,7 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert cache["hit_rate_source"] == "reap-swap miss accounting" and 0 < cache["hit_rate_decode"] <= 1
     assert cache["replay_checked"] is None and cache["hit_rate_decode_offline"] is None
     assert (cache.get("online_cache") or {}).get("promotions", 0) > 0
+    side = json.loads((tmp_path / "bench_gpu_cache.json").read_text())
+    assert side["ratios"]["cache_vs_stock_offload_bs1"] > 0 and side["ratios"]["cache_vs_stock_offload_bs8"] > 0
+    assert side["arms"]["reap_cache"]["hit_rate_decode"] == cache["hit_rate_decode"]
     assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu, learned routing")

@@ -92,6 +92,7 @@ def test_router_misses_book_every_promotion_to_a_request(runs: dict[str, Any]) -
             assert s["tokens"] == len(req["prompt"]) + GEN - 1
             assert s["routed_pairs"] == s["tokens"] * K * LAYERS and 0 < s["missed_pairs"] < s["routed_pairs"]
             assert s["promotion_link_bytes"] == s["promoted_experts"] * expert_bytes
+            assert s["link_bytes"] == s["missed_pairs"] * expert_bytes
             assert s["promoted_experts"] == sum(v["promoted_experts"] for v in rep["by_layer"].values())
             booked += s["promoted_experts"]
         total = run["view"]["online_cache"]["promotions"]

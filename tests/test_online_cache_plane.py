@@ -83,6 +83,8 @@ def test_promotions_are_booked_to_the_request_of_their_first_row() -> None:
     assert a["by_layer"]["layer_0"]["promoted_experts"] == 1 and a["by_layer"]["layer_2"]["promoted_experts"] == 0
     assert b["by_layer"]["layer_0"]["promoted_experts"] == 1 and b["by_layer"]["layer_2"]["promoted_experts"] == 3
     assert a["summary"]["promotion_link_bytes"] == 1000 and b["summary"]["promoted_experts"] == 4
+    # No pair missed here (codes zeroed): link bytes count missed pairs, promotions included in them.
+    assert a["summary"]["link_bytes"] == a["summary"]["missed_pairs"] * 1000
     assert arena.promo_acc.abs().sum() == 0, "drained"
     acc = torch.zeros(2, layers)
     accumulate_promotions(torch.tensor([[5, 0], [0, 0], [0, 0]], dtype=torch.int32), torch.tensor([0]), torch.tensor([1, 0, 0, 0, 0, 0], dtype=torch.int32), 4, acc)

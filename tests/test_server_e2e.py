@@ -273,3 +273,20 @@ def test_warm_active_set_resets_stats(server: str, tiny_model_dir: Path) -> None
 def test_vllm_routes_still_work(server: str) -> None:
     assert httpx.get(server + "/v1/models").status_code == 200
     assert httpx.get(server + "/no-such-route").status_code == 404
+
+
+def test_metrics_carry_the_residency_counters_beside_vllms(server: str, tiny_model_dir: Path) -> None:
+    """GET /metrics: vLLM's exposition plus reap_swap_* read from the workers at scrape time."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    complete(server, tiny_model_dir, PROMPTS[0])
+    before = status(server)["counters"]
+    r = httpx.get(server + "/metrics", timeout=30)
+    assert r.status_code == 200 and int(r.headers["content-length"]) == len(r.content)
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert any(name.startswith("vllm") for name in families), "vLLM's own metrics are still there"
+    value = lambda name: families[name].samples[0].value  # noqa: E731
+    assert value("reap_swap_control_swaps") == before["swaps"]
+    assert value("reap_swap_ledger_routed_pairs") > 0
+    assert value("reap_swap_ledger_link_bytes") == value("reap_swap_ledger_missed_pairs") * status(server)["worker"]["expert_bytes"]
+    assert value("reap_swap_online_cache_enabled") == 0.0 and value("reap_swap_slot_bank_bytes") > 0

@@ -1,0 +1,32 @@
+"""server_ext.metrics: residency counters rendered as Prometheus text (pure)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from reap_swap.server_ext.metrics import exposition
+
+
+def _samples(text: bytes) -> dict[str, float]:
+    return {s.name: s.value for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+
+def test_every_counter_family_is_rendered_with_its_value() -> None:
+    worker = {
+        "memory": {"slot_bank_gib": 1.5, "host_bank_gib": 2.0},
+        "online_cache": {"enabled": True, "promotions": 7, "evictions": 6, "promotion_link_bytes": 700},
+        "complement": {"enabled": True, "spare_gib": 0.25, "counters": {"exchanges": 2, "rotated_blocks": 4, "d2h_bytes": 80}},
+    }
+    misses = {"summary": {"routed_pairs": 100, "missed_pairs": 20, "promoted_experts": 7, "link_bytes": 2000, "tokens": 5}}
+    s = _samples(exposition({"swaps": 3, "bytes_copied": 10, "swap_ms_total": 5.0, "failed": 0}, worker, misses))
+    assert s["reap_swap_control_swaps_total"] == 3 and s["reap_swap_control_failed_total"] == 0
+    assert s["reap_swap_control_swap_seconds_total"] == 0.005
+    assert s["reap_swap_ledger_missed_pairs"] == 20 and s["reap_swap_ledger_link_bytes"] == 2000
+    assert s["reap_swap_slot_bank_bytes"] == 1.5 * 2**30 and s["reap_swap_host_bank_bytes"] == 2 * 2**30
+    assert s["reap_swap_online_cache_enabled"] == 1 and s["reap_swap_online_cache_promotions_total"] == 7
+    assert s["reap_swap_ram_complement_rotated_blocks_total"] == 4 and s["reap_swap_ram_complement_spare_bytes"] == 0.25 * 2**30
+
+
+def test_disabled_features_and_missing_values_render_without_error() -> None:
+    s = _samples(exposition({}, {"online_cache": {"enabled": False}, "complement": {"enabled": False}}, None))
+    assert s == {"reap_swap_online_cache_enabled": 0.0, "reap_swap_ram_complement_enabled": 0.0}
