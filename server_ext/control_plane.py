@@ -41,6 +41,9 @@ MAX_REJECTION_IDS = 1024
 MAX_REJECTIONS_PER_ID = 8
 
 
+METRICS_MAX_AGE_S = 5.0  # scrapes within this share one read of the workers
+
+
 @dataclass
 class Counters:
     swaps: int = 0
@@ -79,6 +82,7 @@ class ControlPlane:
     def __init__(self, cfg: ResidencyConfig, rpc: Rpc):
         self.cfg = cfg
         self._rpc = rpc
+        self._metrics_cache: tuple[float, bytes] | None = None
         self._lock = asyncio.Lock()
         self.plan: Plan | None = None
         self.resident: ResidentSets = {}
@@ -291,13 +295,19 @@ class ControlPlane:
         report["active_set_signature"] = signature(self.resident)
         return report
 
-    async def metrics_text(self) -> bytes:
-        """Prometheus text of the residency counters, read from the workers now (a scrape, never per step)."""
+    async def metrics_text(self, max_age_s: float = METRICS_MAX_AGE_S) -> bytes:
+        """Prometheus text of the residency counters, read from the workers at most every
+        ``max_age_s`` (scrapes share one read; the RPCs run between engine steps, never per step)."""
         self._require_plan()
+        now = time.monotonic()
+        if self._metrics_cache is not None and now - self._metrics_cache[0] < max_age_s:
+            return self._metrics_cache[1]
         await self.read_back()
         state = (await self._rpc("reap_state"))[0]
         misses = (await self._rpc("reap_router_misses", ALL_REQUESTS, False))[0]
-        return exposition(dict(self.counters.__dict__), state, misses)
+        text = exposition(dict(self.counters.__dict__), state, misses)
+        self._metrics_cache = (time.monotonic(), text)
+        return text
 
     def resident_summary(self) -> dict[str, Any]:
         return {

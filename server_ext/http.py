@@ -17,6 +17,7 @@ credential refuses to start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -68,6 +69,9 @@ def _api_keys(app: Any) -> list[str]:
     given = getattr(getattr(getattr(app, "state", None), "args", None), "api_key", None)
     keys = [given] if isinstance(given, str) else list(given or [])
     return [k for k in (keys or [os.environ.get("VLLM_API_KEY", "")]) if k]
+
+
+METRICS_TIMEOUT_S = 3.0  # a busy engine or a long swap must not hold vLLM's own metrics back
 
 
 class ReapControlMiddleware:
@@ -124,11 +128,13 @@ class ReapControlMiddleware:
         if start is None:
             return
         body = b"".join(chunks)
-        if start["status"] == 200 and self.plane is not None:
+        headers = {k.lower(): v for k, v in start.get("headers", [])}
+        plain = b"content-encoding" not in headers and b"openmetrics" not in headers.get(b"content-type", b"")
+        if start["status"] == 200 and self.plane is not None and plain:  # text 0.0.4 only: append after it
             try:
-                body += await self.plane.metrics_text()
+                body += await asyncio.wait_for(self.plane.metrics_text(), METRICS_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - vLLM's metrics still go out
-                logger.warning("reap-swap: residency metrics unavailable: %s", exc)
+                logger.warning("reap-swap: residency metrics unavailable: %r", exc)
                 body += f"# reap-swap residency metrics unavailable: {type(exc).__name__}\n".encode()
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))

@@ -57,7 +57,7 @@ class _Snapshot(Collector):
             ("routed_pairs", "routed (token, expert) pairs of the requests held by the miss ledger"),
             ("missed_pairs", "routed pairs whose expert was not resident, as routed (before any promotion)"),
             ("promoted_experts", "online-cache promotions booked to those requests"),
-            ("link_bytes", "expert bytes the missed pairs moved over the host link (UVA reads or promotion copies)"),
+            ("link_bytes", "expert bytes over the host link for the missed pairs, one expert per pair (UVA reads or promotion copies; exact at batch-1 decode, else an upper bound)"),
             ("tokens", "token rows of those requests"),
         ):
             v = _num(s.get(key))

@@ -197,8 +197,16 @@ class WorkerResidency:
             self.banks[layer].table.plan(ids)
         total = SwapStats()
         t0 = time.perf_counter()
-        for layer, ids in sorted(wanted.items()):
-            total.add(self.banks[layer].swap(ids))
+        done = 0
+        try:
+            for layer, ids in sorted(wanted.items()):
+                total.add(self.banks[layer].swap(ids))
+                done += 1
+        finally:
+            if done < len(wanted) and self.caches:
+                # Failed part-way: each cache must take the owners its table (and routing map) hold
+                # now, or it would promote into slots it believes free.
+                self._install_priors({i: tuple(e for e in self.banks[i].table.owners() if e >= 0) for i in self.caches})
         self._install_priors(wanted)
         return {
             "experts_loaded": total.experts_loaded,

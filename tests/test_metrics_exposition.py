@@ -30,3 +30,49 @@ def test_every_counter_family_is_rendered_with_its_value() -> None:
 def test_disabled_features_and_missing_values_render_without_error() -> None:
     s = _samples(exposition({}, {"online_cache": {"enabled": False}, "complement": {"enabled": False}}, None))
     assert s == {"reap_swap_online_cache_enabled": 0.0, "reap_swap_ram_complement_enabled": 0.0}
+
+
+def test_middleware_appends_to_plain_text_only_and_survives_a_slow_plane() -> None:
+    """/metrics through the middleware: appended after vLLM's text, left alone when compressed, bounded in time."""
+    import asyncio
+
+    import httpx
+
+    from reap_swap.server_ext import http as reap_http
+
+    async def vllm_metrics(scope, receive, send):  # noqa: ANN001, ANN202 - a stand-in for vLLM's /metrics route
+        import gzip
+
+        headers = [(b"content-type", b"text/plain; version=0.0.4")]
+        body = b"vllm 1\n"
+        if scope["query_string"] == b"gzip":
+            headers.append((b"content-encoding", b"gzip"))
+            body = gzip.compress(body)
+        await send({"type": "http.response.start", "status": 200, "headers": headers + [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    class Plane:
+        delay = 0.0
+
+        async def metrics_text(self) -> bytes:
+            await asyncio.sleep(self.delay)
+            return b"reap_swap_x 2\n"
+
+    mw = reap_http.ReapControlMiddleware(vllm_metrics)
+    mw.plane = Plane()  # type: ignore[assignment]
+
+    async def get(query: str = "") -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://t") as c:
+            return await c.get("/metrics" + (f"?{query}" if query else ""))
+
+    r = asyncio.run(get())
+    assert r.content == b"vllm 1\nreap_swap_x 2\n" and r.headers["content-length"] == str(len(r.content))
+    assert asyncio.run(get("gzip")).content == b"vllm 1\n"  # decoded by httpx: nothing was appended to the gzip stream
+    mw.plane.delay = 1.0
+    reap_http.METRICS_TIMEOUT_S, old = 0.05, reap_http.METRICS_TIMEOUT_S
+    try:
+        r = asyncio.run(get())
+    finally:
+        reap_http.METRICS_TIMEOUT_S = old
+    assert r.status_code == 200 and r.content.startswith(b"vllm 1\n") and b"unavailable: TimeoutError" in r.content
