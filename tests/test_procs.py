@@ -48,8 +48,11 @@ def test_interrupted_start_up_leaves_no_process(tmp_path: Path, signal_name: str
     """A driver process starts a never-healthy server and is interrupted during start-up."""
     pidfile = tmp_path / "grandchild.pid"
     (tmp_path / "srv.py").write_text(SLOW_SERVER)
+    # The driver stands for a process run from a terminal: Ctrl-C raises there. (A job started in
+    # the background of a non-interactive shell inherits SIGINT ignored, and Python keeps it so.)
     driver = (
-        "import sys\nfrom pathlib import Path\nfrom reap_swap.procs import ServerProcess, free_port\n"
+        "import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from pathlib import Path\nfrom reap_swap.procs import ServerProcess, free_port\n"
         f"p = free_port()\nServerProcess([sys.executable, {str(tmp_path / 'srv.py')!r}, {str(pidfile)!r}, 'wait'], p, "
         f"Path({str(tmp_path / 'log')!r})).start(timeout=600)\n"
     )
