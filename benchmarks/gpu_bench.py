@@ -37,7 +37,7 @@ from typing import Any
 from reap_swap.paths import bundled_model_dir
 
 from . import learned_bench, learned_report
-from .gpu_report import arm_summary, law_check, markdown, ratios
+from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30")
@@ -203,18 +203,10 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
 
 
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
-    versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
     return {
-        "date": date,
-        "command": command,
-        "gpu": versions.get("gpu"),
-        "vllm": versions.get("vllm"),
-        "torch": versions.get("torch"),
-        "versions": versions,
-        "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
-        "settings": settings,
+        **run_header(raw, shape, date, command, settings),
         "decode_estimator": (
             "batch / median decode-step time over all timed runs (end-to-end estimate in *_e2e)"
             if any("decode_tok_s_e2e" in (r.get("bs1") or {}) for r in raw.values())

@@ -50,6 +50,21 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     }
 
 
+def run_header(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The fields every bench-gpu result starts with: when, what ran it, on which stack and model shape."""
+    versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
+    return {
+        "date": date,
+        "command": command,
+        "gpu": versions.get("gpu"),
+        "vllm": versions.get("vllm"),
+        "torch": versions.get("torch"),
+        "versions": versions,
+        "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
+        "settings": settings,
+    }
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 

@@ -19,9 +19,7 @@ defaults (stock offload ~3), so two commands under the 10-min limit, the second 
 arms from the same --workdir; the sets file must be in the tree (or carried)::
 
     source /tmp/stage/setup_on_device.sh
-    S=/tmp/shim/reap_swap; rm -rf /tmp/shim; mkdir -p $S; for f in $PWD/reap_swap/*; do ln -s $f $S/; done
-    for p in server_ext planning models proxy classifier example benchmarks; do ln -s $PWD/$p $S/$p; done
-    export PYTHONPATH=/tmp/shim:$PYTHONPATH
+    source scripts/device_shim.sh   # then run from outside the repo root (or use scripts/gpu_learned_session.sh)
     A="--trace benchmarks/traces/learned128_t0.8.npz --sets benchmarks/results/learned_sets.json --workdir /tmp/bgl --deadline-s 560"
     python -m reap_swap.cli bench-gpu $A --arms stock_gpu,stock_offload,reap_static --out $OUT/part1.json
     python -m reap_swap.cli bench-gpu $A --resume --out $OUT/bench_gpu_learned.json   # -> benchmarks/results/

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gpu_report import _fmt, _get, _ratio
+from .gpu_report import _fmt, _get, _ratio, run_header
 from .shapes import MoeShape
 
 REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache")
@@ -107,18 +107,10 @@ def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, command: str, settings: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    versions = next((r["versions"] for r in raw.values() if "versions" in r), {})
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     return {
         "mode": "learned",
-        "date": date,
-        "command": command,
-        "gpu": versions.get("gpu"),
-        "vllm": versions.get("vllm"),
-        "torch": versions.get("torch"),
-        "versions": versions,
-        "model": {"shape": shape.name, "layers": shape.layers, "experts": shape.experts, "top_k": shape.top_k, "expert_mb": shape.expert_bytes / 1e6},
-        "settings": settings,
+        **run_header(raw, shape, date, command, settings),
         "context": context,
         "decode_estimator": "batch / median duration of full-batch decode steps (every request past its first token, none finished; "
                             "the first such step of each run left out); *_e2e: decoded tokens / (wall - time to the last first token)",

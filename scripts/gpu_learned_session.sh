@@ -17,10 +17,7 @@ PHASE=${1:?phase: retrain, bench1 or bench2}
 OUT=${2:?output dir}
 R=$PWD
 export PYTHONUNBUFFERED=1
-S=/tmp/shim/reap_swap; rm -rf /tmp/shim; mkdir -p $S
-for f in $R/reap_swap/*; do ln -s "$f" $S/; done
-for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $S/$p; done
-export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
+source $R/scripts/device_shim.sh
 W=/tmp/learned; mkdir -p $W $OUT
 rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 

@@ -8,10 +8,7 @@ set -u
 OUT=${1:?output dir}
 R=$PWD
 export PYTHONUNBUFFERED=1
-S=/tmp/shim/reap_swap; rm -rf /tmp/shim; mkdir -p $S
-for f in $R/reap_swap/*; do ln -s "$f" $S/; done
-for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $S/$p; done
-export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
+source $R/scripts/device_shim.sh
 DATA=$R/.moe-data/moe_data.npz.xz
 BIG=/tmp/learned128; SIB=/tmp/learned128_cpu
 L=/tmp/logs; mkdir -p $OUT $L

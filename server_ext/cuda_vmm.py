@@ -13,7 +13,7 @@ the slot region is padded to whole pages with unused rows.
 In RAM-complement mode (``exchange.py``) the host region has only ``E - S + K``
 rows; an eviction is a D2H row copy into a spare host row of the same range
 and a promotion an H2D copy out of one, so no remapping happens at swap time
-(this path is written, not yet run on a GPU).
+(its storage test passed on the H200; a served model has not run it on a GPU yet).
 """
 
 from __future__ import annotations

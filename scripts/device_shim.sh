@@ -1,0 +1,9 @@
+# Source from the repo root on the GPU machine: makes `import reap_swap.*` resolve to this checkout
+# (the repo root is the package; pyproject maps its folders onto subpackages) without installing it.
+# Run Python from outside the repo root afterwards, or the root's reap_swap/ folder shadows the shim.
+R=${R:-$PWD}
+_shim=/tmp/shim/reap_swap
+rm -rf /tmp/shim && mkdir -p $_shim
+for f in $R/reap_swap/*; do ln -s "$f" $_shim/; done
+for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $_shim/$p; done
+export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
