@@ -93,6 +93,10 @@ def _memory(spec: dict[str, Any], init_s: float) -> dict[str, Any]:
     return mem
 
 
+REAP_KERNELS = ("remap_capture_kernel", "accumulate_kernel", "_policy_kernel", "_promote_kernel")
+"""reap-swap's own per-step kernels (Triton), timed on the device in a profile."""
+
+
 def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, Any]:
     """torch.profiler over ``steps`` decode steps of one request: syncs and launches per step."""
     import torch
@@ -117,7 +121,7 @@ def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, An
     counts = per_step_counts(((e.key, int(e.count)) for e in averages), steps)
     ours = {}
     for e in averages:
-        if "remap_capture_kernel" in e.key or "accumulate_kernel" in e.key:
+        if any(k in e.key for k in REAP_KERNELS):
             dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
             ours[e.key] = {"count_per_step": e.count / steps, "device_us_per_step": float(dev_us) / steps}
     counts["reap_kernels"] = ours

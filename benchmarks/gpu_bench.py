@@ -234,6 +234,11 @@ def _write(result: dict[str, Any], args: argparse.Namespace) -> int:
         path = args.out.with_name("bench_gpu_cache.json")
         path.write_text(json.dumps(cache, indent=1))
         print(f"wrote {path}")
+    comp = learned_report.complement_summary(result) if result.get("mode") == "learned" else None
+    if comp is not None:  # RAM-complement off/on of the same run, beside it
+        path = args.out.with_name("bench_gpu_complement.json")
+        path.write_text(json.dumps(comp, indent=1))
+        print(f"wrote {path}")
     return 0 if not any(a.get("error") for a in result["arms"].values()) else 1
 
 

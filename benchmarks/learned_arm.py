@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .gpu_arm import Results, _engine_kwargs, _memory, _versions, arm_main
+from .gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, arm_main
 from .learned_inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
 
 T0 = time.perf_counter()
@@ -43,6 +43,8 @@ def _environment(spec: dict[str, Any]) -> None:
         os.environ[rc.ENV_ACCOUNTING] = "1"
         if spec.get("online_cache"):
             os.environ[rc.ENV_ONLINE_CACHE] = spec["online_cache"]
+        if spec.get("ram_complement"):
+            os.environ[rc.ENV_COMPLEMENT] = "1"
 
 
 def prompts_for(reqs: Sequence[TraceRequest], vocab: int, seed: int) -> Prompts:
@@ -238,6 +240,13 @@ def stock_hits(spec: dict[str, Any], llm: Any, trace: Any, runs: dict[str, list[
     return out
 
 
+def _host_memory() -> dict[str, Any]:
+    """This arm process's resident set now and at its peak (the engine runs in-process: bank, pinned rows, model load)."""
+    from reap_swap.server_ext.host_memory import process_memory
+
+    return process_memory()
+
+
 def run(spec: dict[str, Any], res: Results) -> None:
     _environment(spec)
     from reap_swap.benchmarks import llm_probe as probe
@@ -255,11 +264,13 @@ def run(spec: dict[str, Any], res: Results) -> None:
     t = time.perf_counter()
     llm = LLM(**kw)
     res.save("memory", _memory(spec, time.perf_counter() - t))
+    res.save("host_memory_after_load", _host_memory())
     res.save("trace_routing", routing.describe())
     reap = spec["kind"] == "reap"
     if reap:
         info = llm.collective_rpc("reap_install")[0]
         res.save("reap_install", {k: v for k, v in info.items() if k not in ("resident", "complement")})
+        res.save("host_memory_after_install", _host_memory())
         res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
         res.save("memory", res.data["memory"])
         if {k: sorted(v) for k, v in info["resident"].items()} != {k: sorted(v) for k, v in spec["start"].items()}:
@@ -293,9 +304,15 @@ def run(spec: dict[str, Any], res: Results) -> None:
             same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
             res.save("identical_ids" if key == "bs1" else "identical_ids_bs8", all(same.values()) and set(ref) == set(tokens))
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
-    if reap and spec.get("online_cache"):
-        state = llm.collective_rpc("reap_state")[0].get("online_cache") or {}
-        res.save("online_cache", {k: v for k, v in state.items() if k != "by_layer"})
+    if spec.get("profile_steps") and bs1:
+        routing.assign("bench-profile", bs1[0].index)
+        res.save("profile", _profile(llm, {"prompt_token_ids": prompts[bs1[0].index]}, spec["profile_steps"]))
+    if reap:
+        state = llm.collective_rpc("reap_state")[0]
+        if spec.get("online_cache"):
+            res.save("online_cache", {k: v for k, v in (state.get("online_cache") or {}).items() if k != "by_layer"})
+        res.save("complement", state.get("complement"))
+    res.save("host_memory", _host_memory())
     res.save("trace_routing", routing.describe())
     res.save("done_s", time.perf_counter() - T0)
 

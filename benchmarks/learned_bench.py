@@ -12,6 +12,8 @@ would. At the sets file's slot count (30 % of each layer's experts):
                        (bs1), the group's union set before each batch of 8 (bs8)
 * ``reap_cache``       reap-swap with the online expert cache (``REAP_ONLINE_CACHE=lfru``, server
                        defaults), starting from the static top-k set: promote on miss inside the forward
+* ``reap_classifier_complement``  ``reap_classifier`` in RAM-complement mode (``REAP_RAM_COMPLEMENT=1``): host
+                       rows only for non-resident experts plus spares, every swap an exchange (issue 13's on/off)
 
 GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
 VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 2 min per arm at the
@@ -50,7 +52,9 @@ from .learned_inputs import (
 )
 from .shapes import MoeShape
 
-ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache")
+ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement")
+PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache")
+"""Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
 RUNNER = "reap_swap.benchmarks.learned_arm"
 
 
@@ -64,7 +68,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         raise SetsError(f"{len(trace_layers)} trace layers for a {shape.layers}-layer model")
     if (trace.num_experts, trace.top_k) != (shape.experts, shape.top_k) or sets.num_experts != shape.experts:
         raise SetsError(f"trace top-{trace.top_k} of {trace.num_experts} / sets of {sets.num_experts} experts; shape {shape.name} is top-{shape.top_k} of {shape.experts}")
-    classifier = "reap_classifier" in args.arms
+    classifier = any(a.startswith("reap_classifier") for a in args.arms)
     bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
     bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
@@ -80,7 +84,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "top_k": shape.top_k,
         "expert_bytes": shape.expert_bytes,
         "vocab": vocab,
-        "max_model_len": longest + 16,
+        "max_model_len": max(longest, bs1[0].prompt_len + args.profile_steps + 16 if bs1 and args.profile_steps else 0) + 16,
         "kv_cache_gib": args.kv_cache_gib,
         "batch": args.batch,
         "gen": args.gen,
@@ -131,6 +135,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
         "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),
         "reap_cache": lambda: cache_arm(reap("reap_static", "static_topk", "static_topk")),
+        "reap_classifier_complement": lambda: {**reap("reap_classifier", "classifier", "classifier_bs8"),
+                                               "name": "reap_classifier_complement", "ram_complement": True},
     }
     context = {
         "trace": str(args.trace),
@@ -143,4 +149,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "workload": {"bs1": [q.index for q in bs1], "groups_bs8": [g["group"] for g in groups], "gen": args.gen, "gen_bs8": args.gen_bs8,
                      "reps": args.reps, "prompt_lens_bs1": [q.prompt_len for q in bs1]},
     }
-    return [builders[a]() for a in args.arms], context
+    specs = [builders[a]() for a in args.arms]
+    for spec in specs:
+        if spec["name"] in PROFILED and args.profile_steps:
+            spec["profile_steps"] = args.profile_steps
+    return specs, context

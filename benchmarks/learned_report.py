@@ -15,7 +15,7 @@ from typing import Any
 from .gpu_report import _fmt, _get, _ratio, run_header
 from .shapes import MoeShape
 
-REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache")
+REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement")
 LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
 
 
@@ -64,6 +64,15 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "pinned_host_gib": _get(raw, "memory", "pinned_host_gib"),
         "llm_init_s": _get(raw, "memory", "llm_init_s"),
         "online_cache": raw.get("online_cache"),
+        "complement": raw.get("complement"),
+        "syncs_per_decode_step": _get(raw, "profile", "syncs"),
+        "blocking_copies_per_decode_step": _get(raw, "profile", "blocking_copies"),
+        "launches_per_decode_step": _get(raw, "profile", "launches"),
+        "reap_kernels": _get(raw, "profile", "reap_kernels"),
+        "host_rss_gib": _get(raw, "host_memory", "rss_gib"),
+        "host_peak_rss_gib": _get(raw, "host_memory", "peak_rss_gib"),
+        "host_rss_gib_after_load": _get(raw, "host_memory_after_load", "rss_gib"),
+        "host_peak_rss_gib_after_install": _get(raw, "host_memory_after_install", "peak_rss_gib"),
         "error": raw.get("error"),
     }
 
@@ -103,6 +112,43 @@ def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
             "cache_vs_static_bs1": _ratio(g("reap_cache", "decode_tok_s_bs1"), g("reap_static", "decode_tok_s_bs1")),
             "cache_vs_static_bs8": _ratio(g("reap_cache", "decode_tok_s_bs8"), g("reap_static", "decode_tok_s_bs8")),
         },
+    }
+
+
+def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
+    """RAM-complement off/on (``reap_classifier`` vs ``reap_classifier_complement``) from one run (None without both)."""
+    arms = result.get("arms") or {}
+    off, on = arms.get("reap_classifier"), arms.get("reap_classifier_complement")
+    if not off or not on:
+        return None
+    comp = on.get("complement") or {}
+    ex = comp.get("counters") or {}
+    return {
+        "date": result.get("date"),
+        "gpu": result.get("gpu"),
+        "model": result.get("model"),
+        "trace": (result.get("context") or {}).get("trace"),
+        "source": "reap_classifier (full host copy) vs reap_classifier_complement of this learned-routing bench-gpu run: "
+                  "the classifier's set swapped in before every request (bs1) and batch (bs8), each swap an exchange in complement mode",
+        "host_gib_full_copy": off.get("pinned_host_gib"),
+        "host_gib_complement": on.get("pinned_host_gib"),
+        "host_gib_saved_fraction": (1 - on["pinned_host_gib"] / off["pinned_host_gib"]) if on.get("pinned_host_gib") and off.get("pinned_host_gib") else None,
+        "process_rss_gib_full_copy": off.get("host_rss_gib"),
+        "process_rss_gib_complement": on.get("host_rss_gib"),
+        "peak_host_gib_at_load": {"full_copy": off.get("host_peak_rss_gib_after_install"), "complement": on.get("host_peak_rss_gib_after_install")},
+        "rss_after_model_load_gib": {"full_copy": off.get("host_rss_gib_after_load"), "complement": on.get("host_rss_gib_after_load")},
+        "host_bank_gib": {"full_copy": (off.get("complement") or {}).get("host_bank_gib"), "complement": comp.get("host_bank_gib")},
+        "exchanges": ex.get("exchanges"),
+        "rotated_exchanges": ex.get("rotated_blocks"),
+        "memcpy_bytes_avoided": ex.get("memcpy_bytes_avoided"),
+        "complement_counters": comp,
+        "decode_tok_s_off": off.get("decode_tok_s_bs1"),
+        "decode_tok_s_on": on.get("decode_tok_s_bs1"),
+        "decode_tok_s_bs8_off": off.get("decode_tok_s_bs8"),
+        "decode_tok_s_bs8_on": on.get("decode_tok_s_bs8"),
+        "identical_ids": bool(off.get("identical_ids") and on.get("identical_ids") and off.get("identical_ids_bs8") and on.get("identical_ids_bs8")),
+        "hit_rate_decode": {"off": off.get("hit_rate_decode"), "on": on.get("hit_rate_decode")},
+        "errors": {"off": off.get("error"), "on": on.get("error")},
     }
 
 
@@ -170,5 +216,16 @@ def markdown(result: dict[str, Any]) -> str:
     if checked:
         lines += ["", "Trace replay checked (measured decode hit rate = offline, bs1 and bs8): "
                   + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in checked.items()) + "."]
+    prof = {n: a for n, a in result["arms"].items() if a.get("syncs_per_decode_step") is not None}
+    if prof:
+        lines += ["", "Per decode step at batch 1 (torch.profiler): " + "; ".join(
+            f"{n} {_fmt(a['syncs_per_decode_step'], '.2f')} syncs, {_fmt(a['blocking_copies_per_decode_step'], '.2f')} blocking copies, "
+            f"{_fmt(a['launches_per_decode_step'], '.1f')} launches" for n, a in prof.items()) + "."]
+    comp = complement_summary(result)
+    if comp is not None:
+        lines += ["", f"RAM complement off / on (reap_classifier): pinned host {_pair(comp['host_gib_full_copy'], comp['host_gib_complement'], '.2f')} GiB, "
+                  f"process RSS {_pair(comp['process_rss_gib_full_copy'], comp['process_rss_gib_complement'], '.2f')} GiB, exchanges "
+                  f"{_fmt(comp['exchanges'])}, rotated {_fmt(comp['rotated_exchanges'])}, memcpy bytes avoided {_fmt(comp['memcpy_bytes_avoided'])}, "
+                  f"decode tok/s bs1 {_pair(comp['decode_tok_s_off'], comp['decode_tok_s_on'])}, identical ids {comp['identical_ids']}."]
     lines += ["", "Hit rates: " + "; ".join(f"{k}: {v}" for k, v in result["hit_rate_estimators"].items()) + "."]
     return "\n".join(lines) + "\n"

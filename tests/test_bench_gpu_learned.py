@@ -191,7 +191,7 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     arms = res["arms"]
-    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache"]
+    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement"]
     for key in ("date", "gpu", "model", "arms", "ratios", "context"):
         assert key in res
     for name, a in arms.items():
@@ -242,3 +242,10 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert side["ratios"]["cache_vs_stock_offload_bs1"] > 0 and side["ratios"]["cache_vs_stock_offload_bs8"] > 0
     assert side["arms"]["reap_cache"]["hit_rate_decode"] == cache["hit_rate_decode"]
     assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu, learned routing")
+    # RAM complement on/off: same ids, every swap an exchange, fewer host bytes; profiled arms count syncs.
+    comp = json.loads((tmp_path / "bench_gpu_complement.json").read_text())
+    assert comp["identical_ids"] is True and comp["exchanges"] > 0 and comp["rotated_exchanges"] == comp["exchanges"]
+    assert comp["memcpy_bytes_avoided"] > 0 and comp["host_gib_complement"] < comp["host_gib_full_copy"]
+    assert arms["reap_classifier_complement"]["hit_rate_decode"] == arms["reap_classifier"]["hit_rate_decode"]
+    for name in ("stock_gpu", "reap_cache"):
+        assert arms[name]["syncs_per_decode_step"] is not None and arms[name]["host_peak_rss_gib"] > 0  # no launches on CPU
