@@ -26,7 +26,7 @@ arms from the same --workdir; the sets file must be in the tree (or carried)::
     python -m reap_swap.cli bench-gpu $A --arms stock_gpu,stock_offload,reap_static --out $OUT/part1.json
     python -m reap_swap.cli bench-gpu $A --resume --out $OUT/bench_gpu_learned.json   # -> benchmarks/results/
 
-Defaults: 8 trace requests at batch 1 (gen 64), groups 0 and 1 at batch 8 (gen 32), 3 timed reps.
+Defaults: 8 trace requests at batch 1 (gen 64) and 2 groups at batch 8 (gen 32), each spread evenly over the trace; 3 timed reps.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         raise SetsError(f"{len(trace_layers)} trace layers for a {shape.layers}-layer model")
     if (trace.num_experts, trace.top_k) != (shape.experts, shape.top_k) or sets.num_experts != shape.experts:
         raise SetsError(f"trace top-{trace.top_k} of {trace.num_experts} / sets of {sets.num_experts} experts; shape {shape.name} is top-{shape.top_k} of {shape.experts}")
-    classifier = any(a.startswith("reap_classifier") for a in args.arms)
+    # The workload must not depend on which arms a call runs (--resume joins calls): requests need a
+    # classifier set whenever the sets file has any.
+    classifier = bool(sets.classifier) or any(a.startswith("reap_classifier") for a in args.arms)
     bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
     bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]

@@ -172,24 +172,38 @@ def _requests(trace: RoutingTrace, gen: int) -> list[TraceRequest]:
     return out
 
 
+def _spread(n: int, count: int) -> list[int]:
+    """``count`` indices of ``range(n)`` evenly spaced, first and last included (all of them when ``count >= n``)."""
+    if count >= n:
+        return list(range(n))
+    if count == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+
+
 def select_bs1(trace: RoutingTrace, count: int, gen: int, keep: Callable[[TraceRequest], bool] = lambda q: True) -> list[TraceRequest]:
-    """The first ``count`` trace requests with a prompt, at least ``gen`` decode rows, and ``keep`` true."""
-    chosen = [q for q in _requests(trace, gen) if q.prompt_len > 0 and q.decode_rows >= gen and keep(q)][:count]
+    """``count`` trace requests with a prompt, at least ``gen`` decode rows and ``keep`` true, spread evenly over the trace.
+
+    Traces list requests source by source (a corpus' domains in turn), so the first few
+    would all be one kind of prompt; spreading takes every kind the trace holds.
+    """
+    eligible = [q for q in _requests(trace, gen) if q.prompt_len > 0 and q.decode_rows >= gen and keep(q)]
+    chosen = [eligible[i] for i in _spread(len(eligible), count)]
     if len(chosen) < count:
         raise SetsError(f"only {len(chosen)} trace requests have a prompt, >= {gen} decode rows and a set; {count} asked")
     return chosen
 
 
 def groups_bs8(trace: RoutingTrace, batch: int, count: int, gen: int, keep: Callable[[int], bool] = lambda g: True) -> list[list[TraceRequest]]:
-    """The first ``count`` groups g (trace requests ``batch*g .. batch*g+batch-1``) whose requests can all decode."""
+    """``count`` groups g (trace requests ``batch*g .. batch*g+batch-1``) whose requests can all decode, spread evenly."""
     reqs = _requests(trace, gen)
     out = []
     for g in range(trace.num_requests // batch):
         group = reqs[g * batch : (g + 1) * batch]
         if all(q.prompt_len > 0 and q.gen >= 2 for q in group) and keep(g):
             out.append(group)
-        if len(out) == count:
-            return out
+    if len(out) >= count:
+        return [out[i] for i in _spread(len(out), count)]
     raise SetsError(f"only {len(out)} complete groups of {batch} decodable trace requests (with a group set); {count} asked")
 
 

@@ -6,14 +6,17 @@
 #
 #   bash scripts/gpu_learned_session.sh retrain $OUT   # optional, ~7 min, no vLLM needed: retrain learned128,
 #                                                      # record stratified traces, observe, learned-sets
-#   bash scripts/gpu_learned_session.sh bench1 $OUT    # stock_gpu, stock_offload, reap_static (~8 min)
-#   bash scripts/gpu_learned_session.sh bench2 $OUT    # reap_plan, reap_classifier, reap_cache (--resume)
+#   DEADLINE=420 bash scripts/gpu_learned_session.sh bench $OUT   # as many arms as fit, in priority order
+#   bash scripts/gpu_learned_session.sh bench $OUT                # again: --resume skips finished arms
 #
+# Every call passes --resume with stock_gpu first (its output ids, reused from the workdir, are the
+# reference), and starts an arm only when the slowest arm so far would fit before the deadline; each
+# call writes the joined result of every arm finished so far.
 # Without `retrain` the committed traces and sets are used (benchmarks/traces/learned128_t0.8.npz,
 # benchmarks/results/learned_sets.json). Results to commit: $OUT/bench_gpu_learned.{json,md},
 # $OUT/bench_gpu_cache.json and, after `retrain`, the new traces, sets and card data.
 set -u
-PHASE=${1:?phase: retrain, bench1 or bench2}
+PHASE=${1:?phase: retrain or bench}
 OUT=${2:?output dir}
 R=$PWD
 export PYTHONUNBUFFERED=1
@@ -32,15 +35,15 @@ retrain)
   cp $W/learned128_t0.8.npz $W/learned128_t0.npz $W/learned_sets.json $OUT/ 2>/dev/null
   cp $W/train_out/card_and_logs.tar.xz $OUT/; cp $W/sets.log $OUT/
   ls -la $OUT ;;
-bench1|bench2)
+bench)
   TRACE=$R/benchmarks/traces/learned128_t0.8.npz; SETS=$R/benchmarks/results/learned_sets.json
   [ -f $W/learned128_t0.8.npz ] && [ -f $W/learned_sets.json ] && TRACE=$W/learned128_t0.8.npz SETS=$W/learned_sets.json
-  A="--trace $TRACE --sets $SETS --workdir $W/bench --deadline-s 560"
-  if [ $PHASE = bench1 ]; then
-    rs bench-gpu $A --arms stock_gpu,stock_offload,reap_static --out $OUT/part1.json
-  else
-    rs bench-gpu $A --resume --out $OUT/bench_gpu_learned.json
-  fi
-  tail -c 3000 $W/bench/arms.log ;;
+  A="--trace $TRACE --sets $SETS --workdir $W/bench --resume"
+  ARMS=stock_gpu,stock_offload,reap_cache,reap_static,reap_classifier,reap_plan,reap_classifier_complement
+  rs bench-gpu $A --arms $ARMS --deadline-s ${DEADLINE:-560} --out $W/part.json > $W/bench.log 2>&1
+  # the joined table in the standard arm order (nothing new runs: all reused or marked not run)
+  rs bench-gpu $A --deadline-s 1 --out $OUT/bench_gpu_learned.json > $W/join.log 2>&1
+  cp $W/bench/arms.log $OUT/arms.log 2>/dev/null
+  tail -c 2500 $W/bench.log; tail -c 1500 $W/join.log ;;
 *) echo "unknown phase $PHASE" >&2; exit 2 ;;
 esac

@@ -101,16 +101,19 @@ def test_load_sets_nested_and_flat(tmp_path: Path) -> None:
 def test_workload_rows_and_offline_rates() -> None:
     tr = synth([(3, 4), (0, 2), (2, 1), (2, 5), (1, 3), (2, 2)])
     bs1 = li.select_bs1(tr, 2, gen=3)
-    assert [(q.index, q.prompt_len, q.gen) for q in bs1] == [(0, 3, 3), (3, 2, 3)]  # request 1 has no prompt, 2 too few decode rows
+    # eligible: 0, 3, 4 (request 1 has no prompt, 2 and 5 too few decode rows); two of them spread: first and last
+    assert [(q.index, q.prompt_len, q.gen) for q in bs1] == [(0, 3, 3), (4, 1, 3)]
+    every = li.select_bs1(tr, 3, gen=3)
+    assert [q.index for q in every] == [0, 3, 4]
     with pytest.raises(li.SetsError, match="only 3"):
         li.select_bs1(tr, 4, gen=3)
     groups = li.groups_bs8(tr, batch=2, count=1, gen=3)
     assert [[q.index for q in g] for g in groups] == [[4, 5]]  # group 0 holds request 1 (no prompt), group 1 request 2 (gen 1)
     assert [q.gen for q in groups[0]] == [3, 2]  # min(gen, decode rows)
-    pre, dec = li.request_rows(tr, bs1[1])
+    pre, dec = li.request_rows(tr, every[1])
     assert pre.tolist() == [12, 13] and dec.tolist() == [14, 15]  # request 3 starts at row 7 + 2 + 3; 3 tokens feed back 2
     target = {"layer_0": [0, 1, 2, 3], "layer_1": [0, 1, 2, 3]}
-    got = li.offline_rates(tr, [1, 0], [([bs1[1]], li.membership(target, 8))])
+    got = li.offline_rates(tr, [1, 0], [([every[1]], li.membership(target, 8))])
     rows_l = [(dec, 1), (dec, 0)]  # model layer 0 replays trace layer 1
     want = sum(int(np.isin(tr.ids[r, t], [0, 1, 2, 3]).sum()) for r, t in rows_l) / (2 * 2 * 2)
     assert got["hit_rate_decode"] == pytest.approx(want) and got["routed_pairs_decode"] == 8
