@@ -49,6 +49,23 @@ def _accumulate_kernel(  # type: ignore[no-untyped-def]
     tl.atomic_add(base + 3 * num_experts, w * missed_f, mask=mask)
 
 
+def _promotions_kernel(promo_ptr, rows_ptr, slot_ptr, acc_ptr, promo_stride, num_rows, slot_rows, acc_layers, C, BLOCK_C: tl.constexpr):  # type: ignore[no-untyped-def]
+    layer = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    row = tl.load(promo_ptr + layer * promo_stride + c, mask=c < C, other=-1)
+    ok = (c < C) & (row >= 0) & (row < num_rows)
+    safe = tl.minimum(tl.maximum(row, 0), slot_rows - 1)
+    slot = tl.load(slot_ptr + safe, mask=ok, other=0).to(tl.int64)
+    one = tl.full([BLOCK_C], 1.0, tl.float32)
+    tl.atomic_add(acc_ptr + slot * acc_layers + layer, one, mask=ok)
+
+
+@functools.lru_cache(maxsize=2)
+def jitted_promotions(interpret: bool) -> Any:
+    """The promotion-booking kernel (``accounting.accumulate_promotions``); cached per interpreter mode."""
+    return triton.jit(_promotions_kernel)
+
+
 @functools.lru_cache(maxsize=2)
 def jitted(interpret: bool) -> tuple[Any, Any]:
     """(remap_capture, accumulate) kernels; cached per interpreter mode."""

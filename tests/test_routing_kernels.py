@@ -104,3 +104,28 @@ def test_accumulate_triton_equals_reference(interpret: None, rows: int) -> None:
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert a[:, :, rk.ROUTED].sum() == 3 * rows * k
     assert a[:, 2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("cap,rows", [(1, 3), (4, 13), (5, 300)])
+def test_promotion_booking_triton_equals_reference(interpret: None, cap: int, rows: int) -> None:
+    from reap_swap.server_ext.accounting import accumulate_promotions_reference, accumulate_promotions_triton
+
+    arena_layers, max_rows, slots = 4, 320, 6
+    gen = torch.Generator().manual_seed(cap * 1000 + rows)
+    # first routing row of each promotion, -1 where none; some past the step's real rows (graph padding)
+    promo_rows = torch.randint(-1, rows + 4, (arena_layers, cap), dtype=torch.int32, generator=gen)
+    layer_rows = torch.tensor([0, 1, 3], dtype=torch.int32)
+    row_slot = torch.randint(0, slots, (max_rows,), dtype=torch.int32, generator=gen)
+    a = torch.zeros(slots, arena_layers)
+    b = torch.zeros_like(a)
+    for _ in range(2):  # accumulates across steps
+        accumulate_promotions_reference(promo_rows, layer_rows, row_slot, rows, a)
+        accumulate_promotions_triton(promo_rows, layer_rows, row_slot, rows, b)
+    torch.testing.assert_close(a, b)
+    want = torch.zeros_like(a)
+    for layer in (0, 1, 3):
+        for r in promo_rows[layer].tolist():
+            if 0 <= r < rows:
+                want[int(row_slot[r]), layer] += 2
+    torch.testing.assert_close(a, want)
+    assert a[:, 2].abs().sum() == 0, "a layer without a bank books nothing"
