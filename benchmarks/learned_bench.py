@@ -14,6 +14,8 @@ would. At the sets file's slot count (30 % of each layer's experts):
                        defaults), starting from the static top-k set: promote on miss inside the forward
 * ``reap_classifier_complement``  ``reap_classifier`` in RAM-complement mode (``REAP_RAM_COMPLEMENT=1``): host
                        rows only for non-resident experts plus spares, every swap an exchange (issue 13's on/off)
+* ``reap_cache_complement``  ``reap_cache`` in RAM-complement mode: every promotion that evicts writes the victim
+                       to a spare host row inside the forward (the cache composed with the complement)
 
 GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
 VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 2 min per arm at the
@@ -52,8 +54,9 @@ from .learned_inputs import (
 )
 from .shapes import MoeShape
 
-ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement")
-PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache")
+ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
+        "reap_cache_complement")
+PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
 RUNNER = "reap_swap.benchmarks.learned_arm"
 
@@ -139,6 +142,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "reap_cache": lambda: cache_arm(reap("reap_static", "static_topk", "static_topk")),
         "reap_classifier_complement": lambda: {**reap("reap_classifier", "classifier", "classifier_bs8"),
                                                "name": "reap_classifier_complement", "ram_complement": True},
+        "reap_cache_complement": lambda: {**cache_arm(reap("reap_static", "static_topk", "static_topk")),
+                                          "name": "reap_cache_complement", "ram_complement": True},
     }
     context = {
         "trace": str(args.trace),

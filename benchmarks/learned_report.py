@@ -15,7 +15,7 @@ from typing import Any
 from .gpu_report import _fmt, _get, _ratio, run_header
 from .shapes import MoeShape
 
-REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement")
+REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement")
 LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
 
 
@@ -105,7 +105,7 @@ def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
         "model": result.get("model"),
         "trace": (result.get("context") or {}).get("trace"),
         "source": "the reap_cache arm of this learned-routing bench-gpu run (same process layout, same requests)",
-        "arms": {a: {k: g(a, k) for k in keep} for a in ("stock_offload", "reap_static", "reap_cache") if a in arms},
+        "arms": {a: {k: g(a, k) for k in keep} for a in ("stock_offload", "reap_static", "reap_cache", "reap_cache_complement") if a in arms},
         "ratios": {
             "cache_vs_stock_offload_bs1": _ratio(g("reap_cache", "decode_tok_s_bs1"), g("stock_offload", "decode_tok_s_bs1")),
             "cache_vs_stock_offload_bs8": _ratio(g("reap_cache", "decode_tok_s_bs8"), g("stock_offload", "decode_tok_s_bs8")),
@@ -115,21 +115,10 @@ def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
-    """RAM-complement off/on (``reap_classifier`` vs ``reap_classifier_complement``) from one run (None without both)."""
-    arms = result.get("arms") or {}
-    off, on = arms.get("reap_classifier"), arms.get("reap_classifier_complement")
-    if not off or not on:
-        return None
+def _complement_pair(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any]:
     comp = on.get("complement") or {}
     ex = comp.get("counters") or {}
     return {
-        "date": result.get("date"),
-        "gpu": result.get("gpu"),
-        "model": result.get("model"),
-        "trace": (result.get("context") or {}).get("trace"),
-        "source": "reap_classifier (full host copy) vs reap_classifier_complement of this learned-routing bench-gpu run: "
-                  "the classifier's set swapped in before every request (bs1) and batch (bs8), each swap an exchange in complement mode",
         "host_gib_full_copy": off.get("pinned_host_gib"),
         "host_gib_complement": on.get("pinned_host_gib"),
         "host_gib_saved_fraction": (1 - on["pinned_host_gib"] / off["pinned_host_gib"]) if on.get("pinned_host_gib") and off.get("pinned_host_gib") else None,
@@ -149,6 +138,28 @@ def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
         "identical_ids": bool(off.get("identical_ids") and on.get("identical_ids") and off.get("identical_ids_bs8") and on.get("identical_ids_bs8")),
         "hit_rate_decode": {"off": off.get("hit_rate_decode"), "on": on.get("hit_rate_decode")},
         "errors": {"off": off.get("error"), "on": on.get("error")},
+    }
+
+
+def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
+    """RAM-complement off/on from one run: ``reap_classifier`` vs ``reap_classifier_complement`` (control-plane
+    swaps) and/or ``reap_cache`` vs ``reap_cache_complement`` (the online cache's exchanges); None without a pair."""
+    arms = result.get("arms") or {}
+    pairs = {"swaps": ("reap_classifier", "reap_classifier_complement"), "online_cache": ("reap_cache", "reap_cache_complement")}
+    found = {k: _complement_pair(arms[a], arms[b]) for k, (a, b) in pairs.items() if arms.get(a) and arms.get(b)}
+    if not found:
+        return None
+    first = found.get("swaps") or found["online_cache"]
+    return {
+        "date": result.get("date"),
+        "gpu": result.get("gpu"),
+        "model": result.get("model"),
+        "trace": (result.get("context") or {}).get("trace"),
+        "source": "full host copy vs RAM complement, arm pairs of this learned-routing bench-gpu run: swaps = reap_classifier vs "
+                  "reap_classifier_complement (the classifier's set swapped in before every request / batch), online_cache = "
+                  "reap_cache vs reap_cache_complement (promotions inside the forward); top-level fields: the first pair present",
+        **first,
+        "pairs": found,
     }
 
 
@@ -222,10 +233,11 @@ def markdown(result: dict[str, Any]) -> str:
             f"{n} {_fmt(a['syncs_per_decode_step'], '.2f')} syncs, {_fmt(a['blocking_copies_per_decode_step'], '.2f')} blocking copies, "
             f"{_fmt(a['launches_per_decode_step'], '.1f')} launches" for n, a in prof.items()) + "."]
     comp = complement_summary(result)
-    if comp is not None:
-        lines += ["", f"RAM complement off / on (reap_classifier): pinned host {_pair(comp['host_gib_full_copy'], comp['host_gib_complement'], '.2f')} GiB, "
-                  f"process RSS {_pair(comp['process_rss_gib_full_copy'], comp['process_rss_gib_complement'], '.2f')} GiB, exchanges "
-                  f"{_fmt(comp['exchanges'])}, rotated {_fmt(comp['rotated_exchanges'])}, memcpy bytes avoided {_fmt(comp['memcpy_bytes_avoided'])}, "
-                  f"decode tok/s bs1 {_pair(comp['decode_tok_s_off'], comp['decode_tok_s_on'])}, identical ids {comp['identical_ids']}."]
+    for name, c in ((comp or {}).get("pairs") or {}).items():
+        lines += ["", f"RAM complement off / on ({name}): pinned host {_pair(c['host_gib_full_copy'], c['host_gib_complement'], '.2f')} GiB, "
+                  f"process RSS {_pair(c['process_rss_gib_full_copy'], c['process_rss_gib_complement'], '.2f')} GiB, exchanges "
+                  f"{_fmt(c['exchanges'])}, rotated {_fmt(c['rotated_exchanges'])}, memcpy bytes avoided {_fmt(c['memcpy_bytes_avoided'])}, "
+                  f"decode tok/s bs1 {_pair(c['decode_tok_s_off'], c['decode_tok_s_on'])}, bs8 {_pair(c['decode_tok_s_bs8_off'], c['decode_tok_s_bs8_on'])}, "
+                  f"identical ids {c['identical_ids']}."]
     lines += ["", "Hit rates: " + "; ".join(f"{k}: {v}" for k, v in result["hit_rate_estimators"].items()) + "."]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@
 #   DEADLINE=420 bash scripts/gpu_learned_session.sh bench $OUT   # as many arms as fit, in priority order
 #   bash scripts/gpu_learned_session.sh bench $OUT                # again: --resume skips finished arms
 #
+# ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
+# name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
 # Every call passes --resume with stock_gpu first (its output ids, reused from the workdir, are the
 # reference), and starts an arm only when the slowest arm so far would fit before the deadline; each
 # call writes the joined result of every arm finished so far.
@@ -38,12 +40,12 @@ retrain)
 bench)
   TRACE=$R/benchmarks/traces/learned128_t0.8.npz; SETS=$R/benchmarks/results/learned_sets.json
   [ -f $W/learned128_t0.8.npz ] && [ -f $W/learned_sets.json ] && TRACE=$W/learned128_t0.8.npz SETS=$W/learned_sets.json
-  A="--trace $TRACE --sets $SETS --workdir $W/bench --resume"
-  ARMS=stock_gpu,stock_offload,reap_cache,reap_static,reap_classifier,reap_plan,reap_classifier_complement
+  A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume"
+  ARMS=${ARMS:-stock_gpu,stock_offload,reap_cache,reap_static,reap_classifier,reap_plan,reap_classifier_complement,reap_cache_complement}
   rs bench-gpu $A --arms $ARMS --deadline-s ${DEADLINE:-560} --out $W/part.json > $W/bench.log 2>&1
   # the joined table in the standard arm order (nothing new runs: all reused or marked not run)
-  rs bench-gpu $A --deadline-s 1 --out $OUT/bench_gpu_learned.json > $W/join.log 2>&1
-  cp $W/bench/arms.log $OUT/arms.log 2>/dev/null
+  rs bench-gpu $A --arms $ARMS --deadline-s 1 --out $OUT/${RESULT:-bench_gpu_learned}.json > $W/join.log 2>&1
+  cp $W/${WORKDIR:-bench}/arms.log $OUT/arms.log 2>/dev/null
   tail -c 2500 $W/bench.log; tail -c 1500 $W/join.log ;;
 *) echo "unknown phase $PHASE" >&2; exit 2 ;;
 esac

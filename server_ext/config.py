@@ -186,11 +186,6 @@ def _online_cache(env: Mapping[str, str]) -> str | None:
         return None
     if raw not in ONLINE_POLICIES:
         raise ResidencyConfigError(f"{ENV_ONLINE_CACHE} must be off or one of {', '.join(ONLINE_POLICIES)}, got {raw!r}")
-    if _bool_env(env, ENV_COMPLEMENT, False):
-        raise ResidencyConfigError(
-            f"{ENV_ONLINE_CACHE} (--online-cache) needs the full host copy of every expert (a promotion only repoints "
-            f"the evicted expert to its host row); it cannot be combined with {ENV_COMPLEMENT} (--ram-complement)"
-        )
     return raw
 
 
@@ -200,6 +195,16 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
     if decay is None or not 0.0 < decay < 1.0:
         raise ResidencyConfigError(f"{ENV_CACHE_DECAY} must be in (0, 1), got {decay}")
     prefixes = tuple(p.strip() for p in env.get(ENV_PREFIXES, "").split(",") if p.strip())
+    online = _online_cache(env)
+    complement = _bool_env(env, ENV_COMPLEMENT, False)
+    spares = _int_env(env, ENV_SPARES, DEFAULT_SPARES, 1) or DEFAULT_SPARES
+    cap = _int_env(env, ENV_CACHE_CAP, DEFAULT_CACHE_CAP, 1) or DEFAULT_CACHE_CAP
+    if online and complement and spares < cap:
+        raise ResidencyConfigError(
+            f"{ENV_ONLINE_CACHE} with {ENV_COMPLEMENT} (--online-cache with --ram-complement): each of a step's up to "
+            f"{ENV_CACHE_CAP}={cap} (--online-cache-cap) evictions needs a spare host row; {ENV_SPARES}={spares} "
+            f"(--complement-spares) is too few (set it >= {cap})"
+        )
     return ResidencyConfig(
         plan_path=env.get(ENV_PLAN) or None,
         slots_override=_int_env(env, ENV_SLOTS, None),
@@ -213,10 +218,10 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         max_body_bytes=_int_env(env, ENV_MAX_BODY, DEFAULT_MAX_BODY, 1024) or DEFAULT_MAX_BODY,
         swap_bytes_per_s=_int_env(env, ENV_SWAP_RATE, DEFAULT_SWAP_RATE, 0) or 0,
         accounting=_bool_env(env, ENV_ACCOUNTING, True),
-        ram_complement=_bool_env(env, ENV_COMPLEMENT, False),
-        complement_spares=_int_env(env, ENV_SPARES, DEFAULT_SPARES, 1) or DEFAULT_SPARES,
-        online_cache=_online_cache(env),
-        cache_cap=_int_env(env, ENV_CACHE_CAP, DEFAULT_CACHE_CAP, 1) or DEFAULT_CACHE_CAP,
+        ram_complement=complement,
+        complement_spares=spares,
+        online_cache=online,
+        cache_cap=cap,
         cache_decay=decay,
         cache_hysteresis=_float_env(env, ENV_CACHE_HYSTERESIS, None, 0.0, 1e6, none_ok=True),
         cache_prior_weight=_float_env(env, ENV_CACHE_PRIOR, DEFAULT_CACHE_PRIOR, 0.0, 1e6) or 0.0,

@@ -79,8 +79,6 @@ def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
         if any(v is not None for v in given.values()):
             raise SystemExit("reap-swap serve: error: --online-cache-* options need --online-cache")
         return
-    if getattr(args, "ram_complement", False):
-        raise SystemExit("reap-swap serve: error: --online-cache needs the full host copy; it cannot be combined with --ram-complement")
     env[reap_config.ENV_ONLINE_CACHE] = args.online_cache
     for name, var in knobs.items():
         if given[name] is not None:

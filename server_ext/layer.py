@@ -128,8 +128,11 @@ class ResidentRoutedExperts(RoutedExperts):
         if cfg.online_cache and self.reap_slots > 0:
             params = CacheParams(cfg.cache_cap, cfg.cache_decay, cfg.cache_hysteresis, cfg.cache_prior_weight, cfg.cache_fused)
             bank = self.reap_bank
-            self.reap_cache = LayerCache(bank.num_experts, bank.num_slots, bank.table.host_row_offset, bank.phys_map, params)
-            self.reap_cache.install(bank.table.owners(), prior=start, protected=cfg.core(self.reap_layer_id))
+            comp = bank.complement
+            self.reap_cache = LayerCache(bank.num_experts, bank.num_slots, bank.table.host_row_offset, bank.phys_map, params,
+                                         host_rows=comp.rows.num_rows if comp is not None else None)
+            self.reap_cache.install(bank.table.owners(), prior=start, protected=cfg.core(self.reap_layer_id),
+                                    row_owners=comp.rows.owners() if comp is not None else None)
         if device.type == "cuda":
             # The fused kernels size their expert histograms from this count; their tile
             # config and path still follow the logical count (logical_experts.py).

@@ -21,6 +21,15 @@ Per step, with the step's routed ids ``[T, K]`` (logical ids, rows past
    routing table and slot owners change (``commit``); the caller remaps the
    step's ids from the new table before the fused kernel runs.
 
+RAM-complement mode (``host_rows``: the bank has only ``R`` host rows, one per
+non-resident expert plus spares): an evicted expert has no host copy, so each
+evicting pair also takes the lowest free spare row (``row_owner[r] == -1`` at
+the start of the step), the eviction copy writes the victim's slot into it
+(device -> host, before the promotion copies overwrite that slot), and the
+promoted expert's old row becomes a spare from the next step on (rotation: no
+host memcpy; rows a step frees are never written in that step). A layer needs
+at least ``C`` spares; the pool never shrinks below its start count.
+
 Everything is tensor ops of fixed shape (``C``, ``S``, ``E``), with no host
 synchronization and no Python branch on a tensor value, so the same code runs
 on CPU (CI) and inside CUDA graphs. On CUDA the same step runs by default as
@@ -40,7 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .promote import promote_copy
+from .promote import copy_rows
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
@@ -72,15 +81,20 @@ class Pairs:
     cand: torch.Tensor  # int64 logical expert promoted
     slot: torch.Tensor  # int64 slot it goes to (meaningful where valid)
     victim: torch.Tensor  # int64 logical expert evicted, -1 for a free slot or an invalid pair
+    src: torch.Tensor  # int64 host row the candidate is read from (its id in full-copy mode), 0 where invalid
+    dst: torch.Tensor  # int64 host row the victim goes to (its id in full-copy mode, a spare in complement mode), -1: none
 
 
-CopyFn = Callable[[Sequence[torch.Tensor], int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+CopyFn = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor, int, torch.Tensor, int], None]
+"""``copy_rows(rows, valid, src, src_offset, dst, dst_offset)`` (``promote.py``)."""
 
 
 class LayerCache:
     """Device state of one layer: scores, slot owners, protection, counters; and its step."""
 
-    def __init__(self, num_experts: int, num_slots: int, host_row_offset: int, phys_map: torch.Tensor, params: CacheParams):
+    def __init__(self, num_experts: int, num_slots: int, host_row_offset: int, phys_map: torch.Tensor, params: CacheParams,
+                 host_rows: int | None = None):
+        """``host_rows``: RAM-complement mode with that many host rows (None: full host copy, row e = expert e)."""
         if not 0 < num_slots <= num_experts:
             raise ValueError(f"online cache needs 1..{num_experts} slots, got {num_slots}")
         if params.cap < 1 or not 0.0 < params.decay < 1.0:
@@ -98,6 +112,12 @@ class LayerCache:
         self.fused = dev.type == "cuda" and params.fused
         self._hyst = NEG_INF if params.hysteresis is None else float(params.hysteresis)
         self._free_key = torch.tensor([NEG_INF, POS_INF], dtype=torch.float32, device=dev)
+        self.complement = host_rows is not None
+        if host_rows is not None and not num_experts - num_slots < host_rows <= num_experts:
+            raise ValueError(f"RAM complement: {host_rows} host rows for {num_experts} experts in {num_slots} slots")
+        self.num_rows = int(host_rows or 0)
+        self.row_owner = torch.full((self.num_rows,), -1, dtype=torch.int32, device=dev)
+        """Complement mode: the expert each host row holds, -1 for a spare (empty in full-copy mode)."""
 
     # ------------------------------------------------------------ per step (device, captured)
 
@@ -130,19 +150,37 @@ class LayerCache:
         victim = torch.where(is_free, -1, vi - s)
         slot = torch.where(is_free, vi, self.phys_map.index_select(0, victim.clamp(min=0)).to(torch.int64))
         valid = (cv > NEG_INF) & (vk < POS_INF) & (cv > vk + self._hyst)
-        return Pairs(valid, ci, slot, torch.where(valid, victim, -1))
+        if self.complement:  # each evicting pair takes the next spare row; none left: the pair is not taken
+            evict = valid & ~is_free
+            r = self.num_rows
+            key = torch.where(self.row_owner < 0, torch.arange(r, device=slot.device), r)
+            spares = torch.cat([torch.sort(key).values, key.new_full((c,), r)])
+            rank = (torch.cumsum(evict.to(torch.int64), 0) - 1).clamp(min=0)
+            row = spares.index_select(0, rank)
+            valid = valid & ~(evict & (row >= r))
+            dst = torch.where(valid & ~is_free, row, -1)
+        else:
+            dst = torch.where(valid & ~is_free, victim, -1)
+        src = torch.where(valid, self.phys_map.index_select(0, ci).to(torch.int64) - self.host_row_offset, 0)
+        return Pairs(valid, ci, slot, torch.where(valid, victim, -1), src, dst)
 
     def commit(self, p: Pairs) -> None:
         """Publish the pairs: victims to their host rows, candidates to their slots, slot owners."""
         e, s, h = self.num_experts, self.num_slots, self.host_row_offset
         pm = torch.cat([self.phys_map, self.phys_map.new_zeros(1)])  # index e: a dummy for masked writes
         out = torch.where(p.victim >= 0, p.victim, e)
-        pm.index_put_((out,), (out + h).to(pm.dtype))
+        pm.index_put_((out,), (p.dst + h).to(pm.dtype))
         pm.index_put_((torch.where(p.valid, p.cand, e),), p.slot.to(pm.dtype))
         self.phys_map.copy_(pm[:e])
         owners = torch.cat([self.expert_in_slot, self.expert_in_slot.new_full((1,), -1)])
         owners.index_put_((torch.where(p.valid, p.slot, s),), p.cand.to(owners.dtype))
         self.expert_in_slot.copy_(owners[:s])
+        if self.complement:  # the victim owns its spare row; the promoted expert's row is a spare from now on
+            r = self.num_rows
+            own = torch.cat([self.row_owner, self.row_owner.new_full((1,), -1)])
+            own.index_put_((torch.where(p.victim >= 0, p.dst, r),), p.victim.to(own.dtype))
+            own.index_put_((torch.where(p.valid, p.src, r),), own.new_full((p.src.shape[0],), -1))
+            self.row_owner.copy_(own[:r])
         self.promotions.add_(p.valid.sum())
         self.evictions.add_((p.victim >= 0).sum())
 
@@ -159,7 +197,7 @@ class LayerCache:
         rows: Sequence[torch.Tensor],
         valid_rows: torch.Tensor | None = None,
         trigger_out: torch.Tensor | None = None,
-        copy: CopyFn = promote_copy,
+        copy: CopyFn = copy_rows,
     ) -> torch.Tensor:
         """Run one step and return ``ids`` remapped to physical rows after the promotions.
 
@@ -169,7 +207,9 @@ class LayerCache:
             return self.step_fused(ids, rows, valid_rows, trigger_out, copy)
         routed = self.observe(ids, valid_rows)
         pairs = self.select(routed)
-        copy(rows, self.host_row_offset, pairs.valid, pairs.cand, pairs.slot)
+        if self.complement:  # victims' bytes out to their spare rows before the promotions overwrite the slots
+            copy(rows, pairs.victim >= 0, pairs.slot, 0, pairs.dst, self.host_row_offset)
+        copy(rows, pairs.valid, pairs.src, self.host_row_offset, pairs.slot, 0)
         self.commit(pairs)  # after the copy, same stream: the fused kernel reads the landed slot
         if trigger_out is not None:
             trigger_out.copy_(self.trigger_rows(ids, pairs))
@@ -181,7 +221,7 @@ class LayerCache:
         rows: Sequence[torch.Tensor],
         valid_rows: torch.Tensor | None = None,
         trigger_out: torch.Tensor | None = None,
-        copy: CopyFn = promote_copy,
+        copy: CopyFn = copy_rows,
     ) -> torch.Tensor:
         """``step`` as one Triton program, then the copy. The program publishes the table before
         the copy runs; no reader sits between them (the fused MoE kernel comes after both)."""
@@ -192,22 +232,27 @@ class LayerCache:
         t, k = ids.shape
         c, dev = self.cap, ids.device
         out = torch.empty_like(ids)
-        valid = torch.empty(c, dtype=torch.uint8, device=dev)
-        cand, slot, victim = (torch.empty(c, dtype=torch.int64, device=dev) for _ in range(3))
+        valid, evict = (torch.empty(c, dtype=torch.uint8, device=dev) for _ in range(2))
+        cand, slot, victim, src, dst = (torch.empty(c, dtype=torch.int64, device=dev) for _ in range(5))
         block_e = triton_next_pow2(self.num_experts)
         kernel[(1,)](
             ids, out, t * k, valid_rows if valid_rows is not None else self.counts, self.score, self.phys_map, self.expert_in_slot,
-            self.protected.view(torch.uint8), valid, cand, slot, victim, trigger_out if trigger_out is not None else self.counts,
-            self.counts, self.params.decay, self._hyst, self.host_row_offset, self.num_experts, self.num_slots,
-            K=k, C=c, BLOCK_E=block_e, BLOCK_S=triton_next_pow2(self.num_slots), BLOCK_T=max(16, 8192 // block_e),
-            HAS_VALID=valid_rows is not None, HAS_TRIG=trigger_out is not None, num_warps=4, enable_fp_fusion=False,
+            self.protected.view(torch.uint8), self.row_owner, valid, cand, slot, victim, src, dst, evict,
+            trigger_out if trigger_out is not None else self.counts,
+            self.counts, self.params.decay, self._hyst, self.host_row_offset, self.num_experts, self.num_slots, self.num_rows,
+            K=k, C=c, BLOCK_E=block_e, BLOCK_S=triton_next_pow2(self.num_slots), BLOCK_R=triton_next_pow2(max(1, self.num_rows)),
+            BLOCK_T=max(16, 8192 // block_e), HAS_VALID=valid_rows is not None, HAS_TRIG=trigger_out is not None,
+            COMPLEMENT=self.complement, num_warps=4, enable_fp_fusion=False,
         )
-        copy(rows, self.host_row_offset, valid.view(torch.bool), cand, slot)
+        if self.complement:
+            copy(rows, evict.view(torch.bool), slot, 0, dst, self.host_row_offset)
+        copy(rows, valid.view(torch.bool), src, self.host_row_offset, slot, 0)
         return out
 
     # ------------------------------------------------------------ control plane (host, between steps)
 
-    def install(self, owners: Sequence[int], prior: Sequence[int] = (), protected: Sequence[int] = ()) -> None:
+    def install(self, owners: Sequence[int], prior: Sequence[int] = (), protected: Sequence[int] = (),
+                row_owners: Sequence[int] | None = None) -> None:
         """Adopt a slot assignment (the bank's table after a swap) and reset the scores.
 
         The prior (a control-plane swap's set) enters the scores at ``prior_weight`` of the
@@ -217,6 +262,10 @@ class LayerCache:
         """
         if len(owners) != self.num_slots:
             raise ValueError(f"{len(owners)} slot owners for {self.num_slots} slots")
+        if self.complement:
+            if row_owners is None or len(row_owners) != self.num_rows:
+                raise ValueError(f"RAM complement: the owners of all {self.num_rows} host rows are needed")
+            self.row_owner.copy_(torch.tensor(list(row_owners), dtype=torch.int32).to(self.row_owner.device))
         dev = self.score.device
         self.expert_in_slot.copy_(torch.tensor(list(owners), dtype=torch.int32).to(dev))
         score = torch.zeros(self.num_experts, dtype=torch.float32)
@@ -236,6 +285,10 @@ class LayerCache:
         """Slot owners as the device holds them (synchronizes: control plane only)."""
         return [int(x) for x in self.expert_in_slot.cpu().tolist()]
 
+    def read_row_owners(self) -> list[int]:
+        """Complement mode: the expert each host row holds (-1: spare), read back (control plane only)."""
+        return [int(x) for x in self.row_owner.cpu().tolist()]
+
     def counters(self) -> dict[str, int]:
         vals = torch.cat([self.promotions, self.evictions, self.steps]).cpu().tolist()
         return {"promotions": int(vals[0]), "evictions": int(vals[1]), "steps": int(vals[2])}
@@ -245,8 +298,11 @@ def triton_next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_offset: int) -> list[str]:
-    """Problems with a (slot owners, routing table) pair; empty when they agree exactly."""
+def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_offset: int, row_owners: Sequence[int] | None = None) -> list[str]:
+    """Problems with a (slot owners, routing table[, host-row owners]) state; empty when they agree exactly.
+
+    Full copy: a non-resident expert ``x`` reads host row ``x``. RAM complement
+    (``row_owners``): it reads the one row it owns, and residents own none."""
     problems = []
     e = len(phys_map)
     seen = [x for x in owners if x >= 0]
@@ -258,7 +314,17 @@ def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_off
         elif x >= 0 and phys_map[x] != slot:
             problems.append(f"slot {slot} owned by expert {x} but its table entry is {phys_map[x]}")
     owned = set(seen)
+    row_of: dict[int, int] = {}
+    if row_owners is not None:
+        for row, x in enumerate(row_owners):
+            if x >= 0:
+                if x in row_of or x in owned:
+                    problems.append(f"expert {x} owns host row {row} and {'row ' + str(row_of[x]) if x in row_of else 'a slot'}")
+                row_of[x] = row
     for x, row in enumerate(phys_map):
-        if x not in owned and row != host_row_offset + x:
-            problems.append(f"expert {x} is not resident but its table entry is {row}")
+        if x in owned:
+            continue
+        want = host_row_offset + (row_of.get(x, -1) if row_owners is not None else x)
+        if row != want or want < host_row_offset:
+            problems.append(f"expert {x} is not resident but its table entry is {row} (its host row: {want - host_row_offset})")
     return problems

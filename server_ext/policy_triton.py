@@ -2,7 +2,7 @@
 
 Why: the torch core is ~70 tiny kernels per layer per step; at 48 layers that is
 thousands of graph nodes per decode step. This program does observe + select +
-commit + trigger rows + the final remap in one launch (E, S and C fit one
+commit (host-row rotation too, in RAM-complement mode) + trigger rows + the final remap in one launch (E, S and C fit one
 program: E <= 1024). Kept bit-identical to the torch core: the score update runs
 with floating-point contraction off (``enable_fp_fusion=False``), selections
 break ties to the lower index as the core's stable sorts do. CI runs it under
@@ -21,11 +21,11 @@ import triton.language as tl
 
 
 def _policy_kernel(  # type: ignore[no-untyped-def]
-    ids_ptr, out_ptr, n_elem, valid_ptr, score_ptr, pm_ptr, owners_ptr, prot_ptr,
-    pair_valid_ptr, pair_cand_ptr, pair_slot_ptr, pair_victim_ptr, trig_ptr, counts_ptr,
-    decay, hyst, host_row_offset, num_experts, num_slots,
-    K: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_VALID: tl.constexpr, HAS_TRIG: tl.constexpr,
+    ids_ptr, out_ptr, n_elem, valid_ptr, score_ptr, pm_ptr, owners_ptr, prot_ptr, rowown_ptr,
+    pair_valid_ptr, pair_cand_ptr, pair_slot_ptr, pair_victim_ptr, pair_src_ptr, pair_dst_ptr, pair_evict_ptr, trig_ptr, counts_ptr,
+    decay, hyst, host_row_offset, num_experts, num_slots, num_rows,
+    K: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_TRIG: tl.constexpr, COMPLEMENT: tl.constexpr,
 ):
     big = 1 << 30
     ninf = float("-inf")
@@ -59,6 +59,11 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
     ekey = tl.where(resident & ~routed & ~prot & emask, s, pinf)
     own = tl.load(owners_ptr + s_r, mask=smask, other=0)
     free = (own < 0) & smask
+    # complement mode: host-row owners; spares are the rows free at the start of the step
+    r_r = tl.arange(0, BLOCK_R)
+    rmask = r_r < num_rows
+    rown = tl.load(rowown_ptr + r_r, mask=rmask, other=0)
+    spare = (rown < 0) & rmask
     promoted = 0
     evicted = 0
     for i in tl.static_range(C):
@@ -75,10 +80,22 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
         vk = tl.where(has_free, ninf, vm)
         ok = (cv > ninf) & (vk < pinf) & (cv > tl.where(vk < pinf, vk, 0.0) + hyst)  # no inf - inf
         slot = tl.where(has_free, fs, tl.sum(tl.where(e_r == vi, pm, 0), axis=0))
-        evict = ok & ~has_free
+        if COMPLEMENT:  # an evicting pair takes the lowest spare row; none left: not taken
+            sp = tl.min(tl.where(spare, r_r, big), axis=0)
+            ok = ok & (has_free | (sp < big))
+            evict = ok & ~has_free
+            dst = tl.where(evict, sp, -1)
+            spare = spare & (r_r != dst)
+        else:
+            evict = ok & ~has_free
+            dst = tl.where(evict, vi, -1)
         victim = tl.where(evict, vi, -1)
-        pm = tl.where(e_r == victim, host_row_offset + e_r, pm)
+        src = tl.where(ok, tl.sum(tl.where(e_r == ci, pm, 0), axis=0) - host_row_offset, 0)  # before ci moves
+        pm = tl.where(e_r == victim, host_row_offset + dst, pm)
         pm = tl.where(e_r == tl.where(ok, ci, -1), slot, pm)
+        if COMPLEMENT:  # rotation: the victim owns its spare, the promoted expert's row is spare from the next step
+            rown = tl.where(r_r == dst, victim, rown)
+            rown = tl.where(r_r == tl.where(ok, src, -1), -1, rown)
         own = tl.where(s_r == tl.where(ok, slot, -1), ci, own)
         promoted += ok.to(tl.int64)
         evicted += evict.to(tl.int64)
@@ -86,11 +103,16 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
         tl.store(pair_cand_ptr + i, ci.to(tl.int64))
         tl.store(pair_slot_ptr + i, slot.to(tl.int64))
         tl.store(pair_victim_ptr + i, victim.to(tl.int64))
+        tl.store(pair_src_ptr + i, src.to(tl.int64))
+        tl.store(pair_dst_ptr + i, dst.to(tl.int64))
+        tl.store(pair_evict_ptr + i, evict.to(tl.uint8))
         if HAS_TRIG:
             tl.store(trig_ptr + i, tl.where(ok, tl.sum(tl.where(e_r == ci, first, 0), axis=0), -1))
     # 4. commit: routing table, slot owners, counters
     tl.store(pm_ptr + e_r, pm, mask=emask)
     tl.store(owners_ptr + s_r, own, mask=smask)
+    if COMPLEMENT:
+        tl.store(rowown_ptr + r_r, rown, mask=rmask)
     tl.store(counts_ptr + 0, tl.load(counts_ptr + 0) + promoted)
     tl.store(counts_ptr + 1, tl.load(counts_ptr + 1) + evicted)
     tl.store(counts_ptr + 2, tl.load(counts_ptr + 2) + 1)

@@ -1,15 +1,19 @@
-"""The promotion copy: host row -> slot row of every per-expert parameter, for each taken pair.
+"""The online cache's row copies, for each taken pair of a step (fixed shape, no host synchronization).
 
-Each bank tensor is ``[H + E, *row]`` (slot rows, then host rows; one VA
-range on CUDA, so the host rows are read over the link by the same kernel).
-Pair ``i`` copies row ``H + cand[i]`` to row ``slot[i]`` where ``valid[i]``.
-Fixed shape (``C`` pairs), no host synchronization: it runs inside the
-forward and is captured in CUDA graphs.
+Each bank tensor is ``[H + R, *row]`` (slot rows, then host rows; one VA range
+on CUDA, so host rows are read and written over the link by the same kernel).
 
-CUDA: one Triton launch per parameter (``promote_triton``), one program per
-(pair, 16 KiB chunk of the row); a program whose pair is not taken exits
-before reading anything. CPU: the torch reference below, which defines the
-semantics (CI checks the Triton kernel against it under ``TRITON_INTERPRET=1``).
+* promotion: host row ``H + src[i]`` -> slot row ``slot[i]`` (``src``: the
+  promoted expert's host row; in full-copy mode that is its id);
+* eviction (RAM-complement mode only): slot row ``slot[i]`` -> host row
+  ``H + dst[i]``, a spare row; it runs before the promotions of the same step,
+  which overwrite those slots (stream order on CUDA).
+
+Both run inside the forward and are captured in CUDA graphs. CUDA: one Triton
+launch per parameter and direction (``promote_triton``), one program per
+(pair, 16 KiB chunk); a pair not taken exits before reading anything. CPU: the
+torch reference below defines the semantics (CI checks the Triton kernel
+against it under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import torch
 BLOCK = 4096  # 32-bit words per program
 
 
-def promote_copy_reference(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, cand: torch.Tensor, slot: torch.Tensor) -> None:
-    """Masked row copies in torch. A pair not taken copies its own host row onto itself (a no-op
-    by value); its rows never meet a taken pair's (slots < H <= host rows; candidates are distinct)."""
-    src = host_row_offset + cand.to(torch.int64)
-    dst = torch.where(valid, slot.to(torch.int64), src)
+def copy_rows_reference(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: torch.Tensor, src_offset: int, dst: torch.Tensor, dst_offset: int) -> None:
+    """Row ``src_offset + src[i]`` -> row ``dst_offset + dst[i]`` where ``valid[i]``. A pair not taken
+    copies its source row onto itself (a no-op by value); taken pairs' destinations are distinct and
+    never another pair's source, and every source is read before any row is written."""
+    a = src_offset + src.to(torch.int64)
+    b = torch.where(valid, dst_offset + dst.to(torch.int64), a)
     for t in rows:
-        t.index_copy_(0, dst, t.index_select(0, src))
+        t.index_copy_(0, b, t.index_select(0, a))
 
 
 def as_words(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -42,8 +47,8 @@ def as_words(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return flat, row_bytes
 
 
-def promote_copy_triton(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, cand: torch.Tensor, slot: torch.Tensor,
-                        block: int = BLOCK) -> None:
+def copy_rows_triton(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: torch.Tensor, src_offset: int, dst: torch.Tensor, dst_offset: int,
+                     block: int = BLOCK) -> None:
     from . import promote_triton
 
     kernel = promote_triton.jitted(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -51,12 +56,30 @@ def promote_copy_triton(rows: Sequence[torch.Tensor], host_row_offset: int, vali
     for t in rows:
         words, row_words = as_words(t)
         grid = (int(valid.shape[0]), -(-row_words // block))
-        kernel[grid](words, flags, cand, slot, row_words, host_row_offset, BLOCK=block, num_warps=4)
+        kernel[grid](words, flags, src, dst, row_words, src_offset, dst_offset, BLOCK=block, num_warps=4)
 
 
-def promote_copy(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, cand: torch.Tensor, slot: torch.Tensor) -> None:
-    """Copy host row ``H + cand[i]`` into slot row ``slot[i]`` of every tensor in ``rows`` where ``valid[i]``."""
+def copy_rows(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: torch.Tensor, src_offset: int, dst: torch.Tensor, dst_offset: int) -> None:
     if not rows or valid.numel() == 0:
         return
-    fn = promote_copy_triton if rows[0].is_cuda else promote_copy_reference
-    fn(rows, host_row_offset, valid, cand, slot)
+    fn = copy_rows_triton if rows[0].is_cuda else copy_rows_reference
+    fn(rows, valid, src, src_offset, dst, dst_offset)
+
+
+def promote_copy(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, src: torch.Tensor, slot: torch.Tensor) -> None:
+    """Copy host row ``H + src[i]`` into slot row ``slot[i]`` of every tensor in ``rows`` where ``valid[i]``."""
+    copy_rows(rows, valid, src, host_row_offset, slot, 0)
+
+
+def evict_copy(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, slot: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy slot row ``slot[i]`` into host row ``H + dst[i]`` of every tensor in ``rows`` where ``valid[i]``."""
+    copy_rows(rows, valid, slot, 0, dst, host_row_offset)
+
+
+def promote_copy_reference(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, src: torch.Tensor, slot: torch.Tensor) -> None:
+    copy_rows_reference(rows, valid, src, host_row_offset, slot, 0)
+
+
+def promote_copy_triton(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, src: torch.Tensor, slot: torch.Tensor,
+                        block: int = BLOCK) -> None:
+    copy_rows_triton(rows, valid, src, host_row_offset, slot, 0, block)

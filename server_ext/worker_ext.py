@@ -56,6 +56,8 @@ class WorkerResidency:
     def complement(self) -> dict[str, Any]:
         """RAM-complement mode: spare pools, exchange counters, layers that fell back to the copy path."""
         banks = [b for b in self.banks.values() if b.complement is not None]
+        if banks and self.caches:
+            self.sync_tables()  # the online caches' exchanges since the last read-back
         total = ExchangeCounters()
         for b in banks:
             total.add(b.counters)
@@ -78,10 +80,13 @@ class WorkerResidency:
         for layer, cache in self.caches.items():
             bank = self.banks[layer]
             owners = cache.read_owners()
-            problems = check_bijection(owners, [int(x) for x in bank.phys_map.cpu().tolist()], bank.table.host_row_offset)
+            rows = cache.read_row_owners() if cache.complement else None
+            problems = check_bijection(owners, [int(x) for x in bank.phys_map.cpu().tolist()], bank.table.host_row_offset, rows)
             if problems:
                 raise RuntimeError(f"layer {layer}: online cache state is inconsistent: {problems[:3]}")
             bank.table.assign(owners)
+            if rows is not None and bank.complement is not None:
+                bank.complement.adopt_rows(rows, cache.counters()["evictions"])
 
     def reset_caches(self, target: dict[int, tuple[int, ...]], counters: bool = False) -> None:
         """Make ``target`` resident (bank swaps) and restart those layers' caches with it as the prior."""
@@ -95,9 +100,13 @@ class WorkerResidency:
         for layer, ids in target.items():
             cache = self.caches.get(layer)
             if cache is not None:
-                cache.install(self.banks[layer].table.owners(), prior=tuple(ids), protected=self.cfg.core(layer))
+                comp = self.banks[layer].complement
+                cache.install(self.banks[layer].table.owners(), prior=tuple(ids), protected=self.cfg.core(layer),
+                              row_owners=comp.rows.owners() if comp is not None else None)
                 if counters:
                     cache.reset_counters()
+                    if comp is not None:
+                        comp.cache_counters_reset()
 
     def online_cache(self) -> dict[str, Any]:
         """Policy, knobs and device counters of the online cache (read back now: reports only)."""

@@ -12,13 +12,22 @@ import torch
 from tests.test_online_cache import Layer
 
 CASES = [(16, 5, 2, None, torch.int32), (128, 38, 4, 0.5, torch.int64), (12, 12, 3, None, torch.int32), (64, 19, 1, 0.0, torch.int32)]
+COMPLEMENT_CASES = [(16, 5, 2, None, torch.int32, 2), (128, 38, 4, 0.5, torch.int64, 4), (12, 12, 3, None, torch.int32, 5), (64, 19, 1, 0.0, torch.int32, 1)]
+"""(..., spares): RAM-complement mode; the start set fills all but ``spares`` slots so the bank fits."""
 
 
-def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, steps: int = 60) -> int:
+def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, spares: int | None = None, steps: int = 60) -> int:
+    from tests.test_online_cache_complement import RamLayer
+
     rng = np.random.default_rng(e + cap)
-    start = tuple(int(x) for x in rng.permutation(e)[: s // 2])
-    a = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
-    b = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+    if spares is None:
+        start = tuple(int(x) for x in rng.permutation(e)[: s // 2])
+        a = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+        b = Layer(e, s, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+    else:
+        start = tuple(int(x) for x in rng.permutation(e)[: max(s // 2, s - spares)])
+        a = RamLayer(e, s, spares, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
+        b = RamLayer(e, s, spares, pad=2, cap=cap, hysteresis=hyst, start=start, protected=start[:1])
     for step in range(steps):
         t = int(rng.integers(1, 6))
         hot = rng.permutation(e)[: max(4, e // 3)]  # skewed routing, so scores tie and differ
@@ -30,7 +39,7 @@ def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, 
         where = f"case {(e, s, cap, hyst)} step {step}"
         assert ob.dtype == ids_dtype and torch.equal(oa, ob), where
         assert torch.equal(ta, tb), f"{where}: trigger rows {ta.tolist()} vs {tb.tolist()}"
-        for name in ("score", "expert_in_slot", "phys_map", "counts"):
+        for name in ("score", "expert_in_slot", "phys_map", "counts", "row_owner"):
             assert torch.equal(getattr(a.cache, name), getattr(b.cache, name)), f"{where}: {name}"
     for ra, rb in zip(a.rows, b.rows):
         assert torch.equal(ra, rb)
@@ -40,9 +49,9 @@ def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, 
 
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    promoted = [check(*case) for case in CASES]
+    promoted = [check(*case) for case in CASES + COMPLEMENT_CASES]
     assert all(p > 3 for p in promoted), promoted
-    print(f"fused == core: {len(CASES)} cases, promotions {promoted}")
+    print(f"fused == core: {len(CASES)} full-copy and {len(COMPLEMENT_CASES)} RAM-complement cases, promotions {promoted}")
 
 
 if __name__ == "__main__":

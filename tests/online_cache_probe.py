@@ -1,7 +1,7 @@
 """Subprocess for test_online_cache_e2e: an offline vLLM engine, stock or with the online cache.
 
-``python tests/online_cache_probe.py SPEC.json OUT.json``. SPEC: model, kind ("stock" or
-"reap"), ``runs``: lists of {"id", "prompt" (token ids)} run concurrently (one list = one
+``python tests/online_cache_probe.py SPEC.json OUT.json``. SPEC: model, kind ("stock", or
+"reap" / "reap_ram" with the residency env), ``runs``: lists of {"id", "prompt" (token ids)} run concurrently (one list = one
 batch), ``gen``, ``max_batched`` (chunked prefill's token budget), optional ``swap_before``
 (per run index: an active set the control plane installs before that batch).
 OUT: per batch the generated ids; for reap the cache view (resident sets, promotions),
@@ -37,7 +37,7 @@ def main() -> None:
 
     kw: dict[str, Any] = dict(model=spec["model"], dtype="float32", max_model_len=512, enable_prefix_caching=False, seed=0,
                               max_num_seqs=4, enable_chunked_prefill=True, max_num_batched_tokens=spec["max_batched"])
-    reap = spec["kind"] == "reap"
+    reap = spec["kind"].startswith("reap")  # "reap" or "reap_ram" (RAM complement)
     if reap:
         kw["worker_extension_cls"] = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
     llm = LLM(**kw)

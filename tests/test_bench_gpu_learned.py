@@ -194,7 +194,8 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     arms = res["arms"]
-    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement"]
+    assert list(arms) == ["stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
+                          "reap_cache_complement"]
     for key in ("date", "gpu", "model", "arms", "ratios", "context"):
         assert key in res
     for name, a in arms.items():
@@ -250,5 +251,8 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert comp["identical_ids"] is True and comp["exchanges"] > 0 and comp["rotated_exchanges"] == comp["exchanges"]
     assert comp["memcpy_bytes_avoided"] > 0 and comp["host_gib_complement"] < comp["host_gib_full_copy"]
     assert arms["reap_classifier_complement"]["hit_rate_decode"] == arms["reap_classifier"]["hit_rate_decode"]
+    cc = comp["pairs"]["online_cache"]  # the online cache composed with the complement: same policy, evictions are exchanges
+    assert cc["identical_ids"] is True and cc["exchanges"] > 0 and cc["host_gib_complement"] < cc["host_gib_full_copy"]
+    assert arms["reap_cache_complement"]["hit_rate_decode"] == cache["hit_rate_decode"]
     for name in ("stock_gpu", "reap_cache"):
         assert arms[name]["syncs_per_decode_step"] is not None and arms[name]["host_peak_rss_gib"] > 0  # no launches on CPU

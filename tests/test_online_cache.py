@@ -16,7 +16,7 @@ from reap_swap.planning import simulate as sim
 from reap_swap.planning.cache_policies import LFRU
 from reap_swap.planning.traces import DECODE, PREFILL, load
 from reap_swap.server_ext.online_cache import CacheParams, LayerCache, check_bijection
-from reap_swap.server_ext.promote import promote_copy_reference, promote_copy_triton
+from reap_swap.server_ext.promote import copy_rows_triton, promote_copy_reference, promote_copy_triton
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "benchmarks" / "traces"
@@ -184,7 +184,7 @@ def test_step_with_triton_copy_equals_reference(monkeypatch: pytest.MonkeyPatch)
         ids = [[int(x) for x in rng.permutation(12)[:3]] for _ in range(2)]
         a.step(ids)
         ids_t = torch.tensor(ids, dtype=torch.int32)
-        b.cache.step(ids_t, b.rows, None, None, copy=lambda *args: promote_copy_triton(*args, block=16))
+        b.cache.step(ids_t, b.rows, None, None, copy=lambda *args: copy_rows_triton(*args, block=16))
     for ra, rb in zip(a.rows, b.rows):
         assert torch.equal(ra, rb)
     b.check()

