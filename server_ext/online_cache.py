@@ -116,8 +116,9 @@ class LayerCache:
         if host_rows is not None and not num_experts - num_slots < host_rows <= num_experts:
             raise ValueError(f"RAM complement: {host_rows} host rows for {num_experts} experts in {num_slots} slots")
         self.num_rows = int(host_rows or 0)
-        self.row_owner = torch.full((self.num_rows,), -1, dtype=torch.int32, device=dev)
-        """Complement mode: the expert each host row holds, -1 for a spare (empty in full-copy mode)."""
+        # never empty: the fused kernel takes its pointer in both modes (an empty CUDA tensor has none)
+        self.row_owner = torch.full((max(1, self.num_rows),), -1, dtype=torch.int32, device=dev)
+        """Complement mode: the expert each host row holds, -1 for a spare (one unused entry in full-copy mode)."""
 
     # ------------------------------------------------------------ per step (device, captured)
 
