@@ -49,7 +49,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .promote import copy_rows
+from .promote import copy_rows, exchange_rows, exchange_rows_reference
 
 NEG_INF = float("-inf")
 POS_INF = float("inf")
@@ -209,8 +209,9 @@ class LayerCache:
         routed = self.observe(ids, valid_rows)
         pairs = self.select(routed)
         if self.complement:  # victims' bytes out to their spare rows before the promotions overwrite the slots
-            copy(rows, pairs.victim >= 0, pairs.slot, 0, pairs.dst, self.host_row_offset)
-        copy(rows, pairs.valid, pairs.src, self.host_row_offset, pairs.slot, 0)
+            self._exchange(rows, pairs.valid, pairs.victim >= 0, pairs.src, pairs.slot, pairs.dst, copy)
+        else:
+            copy(rows, pairs.valid, pairs.src, self.host_row_offset, pairs.slot, 0)
         self.commit(pairs)  # after the copy, same stream: the fused kernel reads the landed slot
         if trigger_out is not None:
             trigger_out.copy_(self.trigger_rows(ids, pairs))
@@ -246,9 +247,18 @@ class LayerCache:
             COMPLEMENT=self.complement, num_warps=4, enable_fp_fusion=False,
         )
         if self.complement:
-            copy(rows, evict.view(torch.bool), slot, 0, dst, self.host_row_offset)
-        copy(rows, valid.view(torch.bool), src, self.host_row_offset, slot, 0)
+            self._exchange(rows, valid.view(torch.bool), evict.view(torch.bool), src, slot, dst, copy)
+        else:
+            copy(rows, valid.view(torch.bool), src, self.host_row_offset, slot, 0)
         return out
+
+    def _exchange(self, rows: Sequence[torch.Tensor], valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor, slot: torch.Tensor,
+                  dst: torch.Tensor, copy: CopyFn) -> None:
+        """Complement copies: one fused exchange (CUDA) unless a test injected its own ``copy``."""
+        if copy is copy_rows:
+            exchange_rows(rows, self.host_row_offset, valid, evict, src, slot, dst)
+        else:
+            exchange_rows_reference(rows, self.host_row_offset, valid, evict, src, slot, dst, copy)
 
     # ------------------------------------------------------------ control plane (host, between steps)
 

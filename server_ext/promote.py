@@ -9,7 +9,10 @@ on CUDA, so host rows are read and written over the link by the same kernel).
   ``H + dst[i]``, a spare row; it runs before the promotions of the same step,
   which overwrite those slots (stream order on CUDA).
 
-Both run inside the forward and are captured in CUDA graphs. CUDA: one Triton
+In complement mode both directions of a step run as one exchange (``exchange_rows``): on CUDA one
+Triton program per (pair, chunk) reads the victim's slot chunk before it writes the candidate's
+bytes there, so the D2H and H2D halves overlap on the full-duplex link instead of running one
+after the other. Both run inside the forward and are captured in CUDA graphs. CUDA: one Triton
 launch per parameter and direction (``promote_triton``), one program per
 (pair, 16 KiB chunk); a pair not taken exits before reading anything. CPU: the
 torch reference below defines the semantics (CI checks the Triton kernel
@@ -19,7 +22,7 @@ against it under ``TRITON_INTERPRET=1``).
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -83,3 +86,33 @@ def promote_copy_reference(rows: Sequence[torch.Tensor], host_row_offset: int, v
 def promote_copy_triton(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, src: torch.Tensor, slot: torch.Tensor,
                         block: int = BLOCK) -> None:
     copy_rows_triton(rows, valid, src, host_row_offset, slot, 0, block)
+
+
+def exchange_rows_reference(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor,
+                            slot: torch.Tensor, dst: torch.Tensor, copy: Callable[..., None] = copy_rows) -> None:
+    """Semantics of an exchange: evictions (slot -> host row ``H + dst``) first, then promotions (``H + src`` -> slot)."""
+    copy(rows, evict, slot, 0, dst, host_row_offset)
+    copy(rows, valid, src, host_row_offset, slot, 0)
+
+
+def exchange_rows_triton(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor,
+                         slot: torch.Tensor, dst: torch.Tensor, block: int = BLOCK) -> None:
+    from . import promote_triton
+
+    kernel = promote_triton.jitted_exchange(os.environ.get("TRITON_INTERPRET", "0") == "1")
+    flags = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
+    ev = evict.view(torch.uint8) if evict.dtype == torch.bool else evict
+    for t in rows:
+        words, row_words = as_words(t)
+        grid = (int(valid.shape[0]), -(-row_words // block))
+        kernel[grid](words, flags, ev, src, slot, dst, row_words, host_row_offset, BLOCK=block, num_warps=4)
+
+
+def exchange_rows(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor,
+                  slot: torch.Tensor, dst: torch.Tensor) -> None:
+    """RAM-complement step copies: where ``evict[i]`` slot ``slot[i]`` -> host row ``H + dst[i]``, and where
+    ``valid[i]`` host row ``H + src[i]`` -> slot ``slot[i]`` (after that slot was read)."""
+    if not rows or valid.numel() == 0:
+        return
+    fn = exchange_rows_triton if rows[0].is_cuda else exchange_rows_reference
+    fn(rows, host_row_offset, valid, evict, src, slot, dst)
