@@ -36,7 +36,7 @@ def main() -> None:
     from vllm import LLM
 
     kw: dict[str, Any] = dict(model=spec["model"], dtype="float32", max_model_len=512, enable_prefix_caching=False, seed=0,
-                              max_num_seqs=4, enable_chunked_prefill=True, max_num_batched_tokens=spec["max_batched"])
+                              max_num_seqs=8, enable_chunked_prefill=True, max_num_batched_tokens=spec["max_batched"])
     reap = spec["kind"].startswith("reap")  # "reap" or "reap_ram" (RAM complement)
     if reap:
         kw["worker_extension_cls"] = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"

