@@ -18,15 +18,16 @@ would. At the sets file's slot count (30 % of each layer's experts):
                        to a spare host row inside the forward (the cache composed with the complement)
 
 GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
-VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 2 min per arm at the
-defaults (stock offload ~3), so two commands under the 10-min limit, the second reusing the first's
-arms from the same --workdir; the sets file must be in the tree (or carried)::
+VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 1.5 min per reap arm and
+3.5 min for stock offload, so the run spans several device calls under the 10-min limit: each call
+passes ``--resume`` with the same ``--workdir`` (finished arms are reused, stock_gpu's ids stay the
+reference) and starts an arm only when the slowest finished arm would still fit its deadline;
+``scripts/gpu_learned_session.sh bench $OUT`` is that call (measured 2026-12-01:
+``benchmarks/results/bench_gpu_learned.json``)::
 
     source /tmp/stage/setup_on_device.sh
-    source scripts/device_shim.sh   # then run from outside the repo root (or use scripts/gpu_learned_session.sh)
-    A="--trace benchmarks/traces/learned128_t0.8.npz --sets benchmarks/results/learned_sets.json --workdir /tmp/bgl --deadline-s 560"
-    python -m reap_swap.cli bench-gpu $A --arms stock_gpu,stock_offload,reap_static --out $OUT/part1.json
-    python -m reap_swap.cli bench-gpu $A --resume --out $OUT/bench_gpu_learned.json   # -> benchmarks/results/
+    DEADLINE=430 bash scripts/gpu_learned_session.sh bench $OUT   # the first call also pays the setup
+    bash scripts/gpu_learned_session.sh bench $OUT                # again until every arm is in
 
 Defaults: 8 trace requests at batch 1 (gen 64) and 2 groups at batch 8 (gen 32), each spread evenly over the trace; 3 timed reps.
 """

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The learned-routing GPU session (issues 15 and 10), one phase per device `run` call, back to back
+# The learned-routing GPU session (issues 15, 10 and 13), one phase per device `run` call, back to back
 # on one warm H200 (files under /tmp carry over between the calls; an idle machine is given back
-# after ~30 s and starts bare). vLLM must be staged first (../shared/gpu/README.md: parts 1..3 copy,
-# the last part sources setup_on_device.sh), e.g. part 4 + phase `retrain` in one call.
+# after ~30 s and starts bare). vLLM must be staged first (../shared/gpu/README.md; with this tree
+# the 40 MiB parts no longer fit a call: `bash scripts/restage.sh` re-splits them into .stage/p1..pN;
+# parts 1..N-1 copy, the last sources setup_on_device.sh), e.g. part N + phase `retrain` in one call.
 #
 #   bash scripts/gpu_learned_session.sh retrain $OUT   # optional, ~7 min, no vLLM needed: retrain learned128,
 #                                                      # record stratified traces, observe, learned-sets
