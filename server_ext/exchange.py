@@ -101,13 +101,13 @@ class ComplementLayer:
         self.host_row_offset = host_row_offset
         self.min_residents = max(0, table.num_experts - rows.num_rows)
         self.counters = ExchangeCounters()
-        self._cache_evictions_seen = 0
+        self._cache_evictions_seen = self._cache_promotions_seen = 0
         problems = rows.check(set(table.resident()))
         if problems:
             raise HostRowError(f"layer {rows.layer}: inconsistent start state: {problems[:3]}")
         self._snapshot = self._take_snapshot()
 
-    def adopt_rows(self, row_owners: list[int], cache_evictions: int) -> None:
+    def adopt_rows(self, row_owners: list[int], cache_evictions: int, cache_promotions: int) -> None:
         """Take the host-row owners the online cache left on the device (the slot table was
         assigned first) and count its exchanges: every eviction of the cache in this mode wrote
         the victim to a spare row and handed the promoted expert's row to the pool."""
@@ -116,17 +116,18 @@ class ComplementLayer:
         if problems:
             raise HostRowError(f"layer {self.rows.layer}: the online cache's host rows disagree with its slots: {problems[:3]}")
         self.rows = rows
-        if cache_evictions < self._cache_evictions_seen:  # the cache's counters were reset
-            self._cache_evictions_seen = 0
+        if cache_evictions < self._cache_evictions_seen or cache_promotions < self._cache_promotions_seen:  # counters were reset
+            self._cache_evictions_seen = self._cache_promotions_seen = 0
         n = cache_evictions - self._cache_evictions_seen
-        self._cache_evictions_seen = cache_evictions
+        loads = cache_promotions - self._cache_promotions_seen  # a promotion into a free slot loads without an exchange
+        self._cache_evictions_seen, self._cache_promotions_seen = cache_evictions, cache_promotions
         block = rows.block_bytes
-        self.counters.add(ExchangeCounters(0, n, n, n * block, n * block, n * block))
+        self.counters.add(ExchangeCounters(0, n, n, n * block, loads * block, n * block))
         self._snapshot = self._take_snapshot()
 
     def cache_counters_reset(self) -> None:
         """The online cache's device counters restart from zero (its evictions are counted from there)."""
-        self._cache_evictions_seen = 0
+        self._cache_evictions_seen = self._cache_promotions_seen = 0
 
     def _take_snapshot(self) -> tuple[tuple[int, int], ...]:
         return tuple((self.table.slot_of(e), self.rows.row_of(e)) for e in range(self.table.num_experts))

@@ -163,7 +163,8 @@ class LayerCache:
         else:
             dst = torch.where(valid & ~is_free, victim, -1)
         src = torch.where(valid, self.phys_map.index_select(0, ci).to(torch.int64) - self.host_row_offset, 0)
-        return Pairs(valid, ci, slot, torch.where(valid, victim, -1), src, dst)
+        # a pair not taken names slot 0 and host row 0: the reference copies it onto itself, never onto a taken pair's rows
+        return Pairs(valid, ci, torch.where(valid, slot, 0), torch.where(valid, victim, -1), src, dst)
 
     def commit(self, p: Pairs) -> None:
         """Publish the pairs: victims to their host rows, candidates to their slots, slot owners."""
@@ -328,7 +329,9 @@ def check_bijection(owners: Sequence[int], phys_map: Sequence[int], host_row_off
     row_of: dict[int, int] = {}
     if row_owners is not None:
         for row, x in enumerate(row_owners):
-            if x >= 0:
+            if not -1 <= x < e:
+                problems.append(f"host row {row} owned by expert {x}, outside [-1, {e})")
+            elif x >= 0:
                 if x in row_of or x in owned:
                     problems.append(f"expert {x} owns host row {row} and {'row ' + str(row_of[x]) if x in row_of else 'a slot'}")
                 row_of[x] = row

@@ -101,7 +101,7 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
         evicted += evict.to(tl.int64)
         tl.store(pair_valid_ptr + i, ok.to(tl.uint8))
         tl.store(pair_cand_ptr + i, ci.to(tl.int64))
-        tl.store(pair_slot_ptr + i, slot.to(tl.int64))
+        tl.store(pair_slot_ptr + i, tl.where(ok, slot, 0).to(tl.int64))  # a pair not taken names slot 0 (copied onto itself)
         tl.store(pair_victim_ptr + i, victim.to(tl.int64))
         tl.store(pair_src_ptr + i, src.to(tl.int64))
         tl.store(pair_dst_ptr + i, dst.to(tl.int64))

@@ -46,6 +46,9 @@ class WorkerResidency:
         self._valid = _ValidRows(self.arena.valid_rows) if self.caches else None
         if self.caches:  # vLLM's warm-up and graph-capture runs promoted on dummy routing: back to the start-up set
             self.reset_caches({i: self.cfg.start_resident(i, self.num_experts, b.num_slots) for i, b in self.banks.items()}, counters=True)
+            for b in self.banks.values():  # exchange counters then cover serving only, as the caches' own counters do
+                if b.complement is not None:
+                    b.complement.counters = ExchangeCounters()
         self.accounting = RoutingAccounting(self.layers[0].reap_arena, list(self.banks), self.ledger)
         self.accounting.enabled = accounting
         self.steps_attributed = 0
@@ -86,7 +89,8 @@ class WorkerResidency:
                 raise RuntimeError(f"layer {layer}: online cache state is inconsistent: {problems[:3]}")
             bank.table.assign(owners)
             if rows is not None and bank.complement is not None:
-                bank.complement.adopt_rows(rows, cache.counters()["evictions"])
+                c = cache.counters()
+                bank.complement.adopt_rows(rows, c["evictions"], c["promotions"])
 
     def reset_caches(self, target: dict[int, tuple[int, ...]], counters: bool = False) -> None:
         """Make ``target`` resident (bank swaps) and restart those layers' caches with it as the prior."""

@@ -47,8 +47,22 @@ def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, 
     return int(b.cache.promotions)
 
 
+def untaken_pair_after_an_eviction() -> None:
+    """A pair not taken after an eviction once named the victim's new host row as its slot: the reference
+    copy wrote that row onto itself from its old bytes and lost the victim (found in review)."""
+    from tests.test_online_cache_complement import RamLayer
+
+    for fused in (False, True):
+        lay = RamLayer(4, 2, spares=2, pad=1, cap=2, start=(0, 1), protected=(1,))
+        ids = torch.tensor([[2, 3]], dtype=torch.int32)
+        (lay.cache.step_fused if fused else lay.cache.step)(ids, lay.rows, None, None)
+        lay.check()
+        assert lay.resident() == {1, 2}, lay.resident()
+
+
 def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    untaken_pair_after_an_eviction()
     promoted = [check(*case) for case in CASES + COMPLEMENT_CASES]
     assert all(p > 3 for p in promoted), promoted
     print(f"fused == core: {len(CASES)} full-copy and {len(COMPLEMENT_CASES)} RAM-complement cases, promotions {promoted}")

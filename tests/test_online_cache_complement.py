@@ -202,3 +202,28 @@ def test_steps_with_the_fused_exchange_equal_the_reference(monkeypatch: pytest.M
         assert torch.equal(ra, rb)
     b.check()
     assert len(fused_calls) == 30 and int(b.cache.evictions) > 5
+
+
+def test_the_control_plane_adopts_the_caches_rows_and_counts_its_exchanges() -> None:
+    from reap_swap.server_ext.exchange import ComplementLayer
+    from reap_swap.server_ext.host_rows import HostRowError, LayerHostRows
+    from reap_swap.server_ext.slots import SlotTable
+
+    table = SlotTable(6, 2, 2)
+    table.assign([0, 1])
+    comp = ComplementLayer(table, LayerHostRows(0, 6, 5, (10,), complement_owners(6, {0, 1}, 5)), 2)
+    table.assign([3, 1])  # the cache promoted 3 over 0; 0 went to the spare row 4, 3's row 1 is spare now
+    comp.adopt_rows([2, -1, 4, 5, 0], cache_evictions=1, cache_promotions=1)
+    assert comp.where(0) == (-1, 4) and comp.where(3) == (0, -1)
+    c = comp.counters.as_dict()
+    assert (c["exchanges"], c["rotated_blocks"], c["d2h_bytes"], c["h2d_bytes"], c["memcpy_bytes_avoided"]) == (1, 1, 10, 10, 10)
+    comp.adopt_rows([2, -1, 4, 5, 0], cache_evictions=1, cache_promotions=1)  # read back again: nothing new
+    assert comp.counters.exchanges == 1
+    comp.adopt_rows([2, -1, 4, 5, 0], cache_evictions=0, cache_promotions=0)  # the device counters were reset
+    comp.adopt_rows([2, -1, 4, 5, 0], cache_evictions=2, cache_promotions=3)
+    assert comp.counters.exchanges == 3 and comp.counters.h2d_bytes == 40, "counted from the reset on; free-slot loads are h2d only"
+    with pytest.raises(HostRowError, match="disagree"):
+        comp.adopt_rows([2, 3, 4, 5, 0], cache_evictions=2, cache_promotions=3)  # 3 is in a slot and would own a row
+    assert comp.where(3) == (0, -1), "a refused read-back changes nothing"
+    assert check_bijection([3, 1], [6, 1, 2, 0, 4, 5], 2, [2, -1, 4, 5, 0]) == []
+    assert any("outside" in x for x in check_bijection([3, 1], [6, 1, 2, 0, 4, 5], 2, [2, 9, 4, 5, 0])), "row owners out of range are reported"
