@@ -209,10 +209,7 @@ class LayerCache:
             return self.step_fused(ids, rows, valid_rows, trigger_out, copy)
         routed = self.observe(ids, valid_rows)
         pairs = self.select(routed)
-        if self.complement:  # victims' bytes out to their spare rows before the promotions overwrite the slots
-            self._exchange(rows, pairs.valid, pairs.victim >= 0, pairs.src, pairs.slot, pairs.dst, copy)
-        else:
-            copy(rows, pairs.valid, pairs.src, self.host_row_offset, pairs.slot, 0)
+        self._move_rows(rows, pairs.valid, pairs.victim >= 0, pairs.src, pairs.slot, pairs.dst, copy)
         self.commit(pairs)  # after the copy, same stream: the fused kernel reads the landed slot
         if trigger_out is not None:
             trigger_out.copy_(self.trigger_rows(ids, pairs))
@@ -247,16 +244,16 @@ class LayerCache:
             BLOCK_T=max(16, 8192 // block_e), HAS_VALID=valid_rows is not None, HAS_TRIG=trigger_out is not None,
             COMPLEMENT=self.complement, num_warps=4, enable_fp_fusion=False,
         )
-        if self.complement:
-            self._exchange(rows, valid.view(torch.bool), evict.view(torch.bool), src, slot, dst, copy)
-        else:
-            copy(rows, valid.view(torch.bool), src, self.host_row_offset, slot, 0)
+        self._move_rows(rows, valid.view(torch.bool), evict.view(torch.bool), src, slot, dst, copy)
         return out
 
-    def _exchange(self, rows: Sequence[torch.Tensor], valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor, slot: torch.Tensor,
-                  dst: torch.Tensor, copy: CopyFn) -> None:
-        """Complement copies: one fused exchange (CUDA) unless a test injected its own ``copy``."""
-        if copy is copy_rows:
+    def _move_rows(self, rows: Sequence[torch.Tensor], valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor, slot: torch.Tensor,
+                   dst: torch.Tensor, copy: CopyFn) -> None:
+        """The step's copies. Full copy: promotions only. Complement: victims' bytes out to their spare rows
+        before the promotions overwrite the slots, as one fused exchange (CUDA) unless a test injected ``copy``."""
+        if not self.complement:
+            copy(rows, valid, src, self.host_row_offset, slot, 0)
+        elif copy is copy_rows:
             exchange_rows(rows, self.host_row_offset, valid, evict, src, slot, dst)
         else:
             exchange_rows_reference(rows, self.host_row_offset, valid, evict, src, slot, dst, copy)

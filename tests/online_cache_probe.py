@@ -15,20 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def run_batch(llm: Any, batch: list[dict[str, Any]], gen: int) -> dict[str, list[int]]:
-    from vllm import SamplingParams
-
-    eng = llm.llm_engine
-    sp = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
-    for req in batch:
-        eng.add_request(req["id"], {"prompt_token_ids": req["prompt"]}, sp)
-    tokens: dict[str, list[int]] = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                tokens[o.request_id] = list(o.outputs[0].token_ids)
-    return tokens
+from probe_support import run_batch  # this script's directory is on sys.path
 
 
 def main() -> None:

@@ -6,36 +6,19 @@ where every eviction is an exchange (victim to a spare host row, the promoted ex
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.probe_support import by_client, run_probe
+
 pytestmark = pytest.mark.vllm
+PROBE = "online_cache_probe.py"
 GEN = 220
 LAYERS, K, SLOTS = 4, 4, 6  # tiny model: 16 experts per layer; plan core 0..3 + 2 slots the cache moves
 SWAP = {f"layer_{i}": [0, 1, 2, 3, 8, 9] for i in range(LAYERS)}
-
-
-def run_probe(tmp: Path, spec: dict[str, Any], extra_env: dict[str, str]) -> dict[str, Any]:
-    spec_path, out_path = tmp / f"{spec['kind']}.spec.json", tmp / f"{spec['kind']}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_DISABLE_COMPILE_CACHE": "1", **extra_env}
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "online_cache_probe.py"), str(spec_path), str(out_path)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out_path.read_text())
-
-
-def by_client(d: dict[str, Any], rid: str) -> Any:
-    return next(v for k, v in d.items() if k == rid or k.startswith(rid + "-"))
 
 
 @pytest.fixture(scope="module")
@@ -47,11 +30,11 @@ def runs(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.Te
     solo = [{"id": "solo", "prompt": prompt(50)}]
     eight = [{"id": f"c{i}", "prompt": prompt(n)} for i, n in enumerate([45, 70, 38, 61, 52, 33, 66, 41])]
     base = {"model": str(tiny_model_dir), "gen": GEN, "max_batched": 32, "runs": [solo, eight]}
-    stock = run_probe(tmp, {**base, "kind": "stock"}, {})
+    stock = run_probe(PROBE, tmp, {**base, "kind": "stock"})
     env = {"REAP_PLAN_FILE": str(tiny_plan_path), "REAP_RESIDENT_EXPERTS_PER_LAYER": str(SLOTS), "REAP_ONLINE_CACHE": "lfru",
            "REAP_ONLINE_CACHE_CAP": "2"}
-    reap = run_probe(tmp, {**base, "kind": "reap", "swap_before": {"1": SWAP}}, env)
-    ram = run_probe(tmp, {**base, "kind": "reap_ram", "swap_before": {"1": SWAP}}, {**env, "REAP_RAM_COMPLEMENT": "1", "REAP_COMPLEMENT_SPARES": "2"})
+    reap = run_probe(PROBE, tmp, {**base, "kind": "reap", "swap_before": {"1": SWAP}}, env)
+    ram = run_probe(PROBE, tmp, {**base, "kind": "reap_ram", "swap_before": {"1": SWAP}}, {**env, "REAP_RAM_COMPLEMENT": "1", "REAP_COMPLEMENT_SPARES": "2"})
     return {"stock": stock, "reap": reap, "ram": ram, "batches": [solo, eight]}
 
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +14,8 @@ from reap_swap.benchmarks import trace_routing_vllm as trv
 from reap_swap.benchmarks.trace_routing import TraceReplay, prompt_lengths
 from reap_swap.planning import traces
 from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute, TraceError
+from tests.probe_support import by_client, run_probe
 
-REPO = Path(__file__).resolve().parents[1]
 L, E, K = 4, 16, 4  # the "tiny" benchmark shape
 
 
@@ -167,21 +164,6 @@ def expected(tr: traces.RoutingTrace, r: int, prompt_len: int, gen: int, slots: 
     return out
 
 
-def run_probe(tmp: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    spec_path, out_path = tmp / f"{spec['kind']}.spec.json", tmp / f"{spec['kind']}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_DISABLE_COMPILE_CACHE": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "trace_routing_probe.py"), str(spec_path), str(out_path)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(out_path.read_text())
-
-
-def by_client(d: dict[str, Any], rid: str) -> Any:
-    return next(v for k, v in d.items() if k == rid or k.startswith(rid + "-"))
-
-
 @pytest.mark.vllm
 def test_vllm_routes_as_the_trace_says(tmp_path: Path) -> None:
     """Router-miss accounting of reap-swap residency equals the trace rows' (batch 1 and 4 concurrent, prefill included)."""
@@ -199,7 +181,7 @@ def test_vllm_routes_as_the_trace_says(tmp_path: Path) -> None:
     four = [{"id": f"c{i}", "prompt": prompt(n), "trace_request": r} for i, (n, r) in enumerate([(12, 0), (7, 1), (20, 2), (5, 3)])]
     again = [{"id": "solo-b", "prompt": solo[0]["prompt"], "trace_request": 2}, {"id": "solo-c", "prompt": solo[0]["prompt"], "trace_request": 4}]
     base = {"model": str(model), "trace": str(path), "layers": L, "gen": GEN}
-    reap = run_probe(tmp_path, {**base, "kind": "reap", "slots": SLOTS, "runs": [solo, four]})
+    reap = run_probe("trace_routing_probe.py", tmp_path, {**base, "kind": "reap", "slots": SLOTS, "runs": [solo, four]})
     assert reap["describe"]["attached"] and reap["describe"]["moe_layers"] == L and reap["describe"]["steps_staged"] > 0
     for run, batch in zip(reap["runs"], [solo, four]):
         for req in batch:
@@ -212,7 +194,7 @@ def test_vllm_routes_as_the_trace_says(tmp_path: Path) -> None:
                 assert got["inactive_experts"] == exp["inactive_experts"], (req["id"], key)
                 np.testing.assert_allclose(got["expert_mass"], exp["expert_mass"], atol=2e-5)
     # Stock vLLM replays too: with random expert weights its output follows the assigned trace request.
-    stock = run_probe(tmp_path, {**base, "kind": "stock", "expert_std": 10.0, "runs": [solo, again]})
+    stock = run_probe("trace_routing_probe.py", tmp_path, {**base, "kind": "stock", "expert_std": 10.0, "runs": [solo, again]})
     assert stock["describe"]["attached"] and stock["describe"]["steps_staged"] > 0
     s_solo, s_b, s_c = (by_client(stock["runs"][i]["tokens"], rid) for i, rid in ((0, "solo"), (1, "solo-b"), (1, "solo-c")))
     assert s_c == s_solo != s_b, (s_solo, s_b, s_c)  # same prompt: same trace request, same ids; another, others

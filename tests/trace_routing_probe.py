@@ -14,21 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def run_batch(llm: Any, routing: Any, batch: list[dict[str, Any]], gen: int) -> dict[str, list[int]]:
-    from vllm import SamplingParams
-
-    eng = llm.llm_engine
-    sp = SamplingParams(temperature=0, max_tokens=gen, ignore_eos=True)
-    for req in batch:
-        routing.assign(req["id"], req["trace_request"])
-        eng.add_request(req["id"], {"prompt_token_ids": req["prompt"]}, sp)
-    tokens: dict[str, list[int]] = {}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            if o.finished:
-                tokens[o.request_id] = list(o.outputs[0].token_ids)
-    return tokens
+from probe_support import run_batch  # this script's directory is on sys.path
 
 
 def random_experts(std: float) -> Any:
@@ -70,7 +56,7 @@ def main() -> None:
         llm.apply_model(random_experts(float(spec["expert_std"])))
     out: dict[str, Any] = {"runs": [], "describe": None}
     for batch in spec["runs"]:
-        tokens = run_batch(llm, routing, batch, spec["gen"])
+        tokens = run_batch(llm, batch, spec["gen"], lambda req: routing.assign(req["id"], req["trace_request"]))
         reports = {}
         if spec["kind"] == "reap":
             reports = {r["id"]: llm.collective_rpc("reap_router_misses", args=(r["id"],))[0] for r in batch}
