@@ -302,8 +302,7 @@ class ControlPlane:
         now = time.monotonic()
         if self._metrics_cache is not None and now - self._metrics_cache[0] < max_age_s:
             return self._metrics_cache[1]
-        await self.read_back()
-        state = (await self._rpc("reap_state"))[0]
+        state = (await self._rpc("reap_state"))[0]  # the workers read their caches' state back themselves: no swap lock here
         misses = (await self._rpc("reap_router_misses", ALL_REQUESTS, False))[0]
         text = exposition(dict(self.counters.__dict__), state, misses)
         self._metrics_cache = (time.monotonic(), text)
