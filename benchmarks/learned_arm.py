@@ -240,18 +240,12 @@ def stock_hits(spec: dict[str, Any], llm: Any, trace: Any, runs: dict[str, list[
     return out
 
 
-def _host_memory() -> dict[str, Any]:
-    """This arm process's resident set now and at its peak (the engine runs in-process: bank, pinned rows, model load)."""
-    from reap_swap.server_ext.host_memory import process_memory
-
-    return process_memory()
-
-
 def run(spec: dict[str, Any], res: Results) -> None:
     _environment(spec)
     from reap_swap.benchmarks import llm_probe as probe
     from reap_swap.benchmarks import trace_routing_vllm as trv
     from reap_swap.planning import traces
+    from reap_swap.server_ext.host_memory import process_memory  # the arm's RSS: the engine runs in this process
 
     res.save("spec", {k: v for k, v in spec.items() if not k.startswith("ref_tokens")})
     res.save("versions", _versions())
@@ -264,13 +258,13 @@ def run(spec: dict[str, Any], res: Results) -> None:
     t = time.perf_counter()
     llm = LLM(**kw)
     res.save("memory", _memory(spec, time.perf_counter() - t))
-    res.save("host_memory_after_load", _host_memory())
+    res.save("host_memory_after_load", process_memory())
     res.save("trace_routing", routing.describe())
     reap = spec["kind"] == "reap"
     if reap:
         info = llm.collective_rpc("reap_install")[0]
         res.save("reap_install", {k: v for k, v in info.items() if k not in ("resident", "complement")})
-        res.save("host_memory_after_install", _host_memory())
+        res.save("host_memory_after_install", process_memory())
         res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
         res.save("memory", res.data["memory"])
         if {k: sorted(v) for k, v in info["resident"].items()} != {k: sorted(v) for k, v in spec["start"].items()}:
@@ -312,7 +306,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
         if spec.get("online_cache"):
             res.save("online_cache", {k: v for k, v in (state.get("online_cache") or {}).items() if k != "by_layer"})
         res.save("complement", state.get("complement"))
-    res.save("host_memory", _host_memory())
+    res.save("host_memory", process_memory())
     res.save("trace_routing", routing.describe())
     res.save("done_s", time.perf_counter() - T0)
 

@@ -30,16 +30,13 @@ import numpy as np
 
 from reap_swap.planning.traces import RoutingTrace
 
+from .learned_sets import SetsError  # the one error of a bad sets file, re-exported for the bench
 from .trace_routing import prompt_lengths
 
 LayerSets = dict[int, list[int]]
 """Trace layer -> resident experts."""
 Target = dict[str, list[int]]
 """``layer_<model layer>`` -> resident experts (what ``reap_swap`` takes)."""
-
-
-class SetsError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
