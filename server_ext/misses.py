@@ -52,7 +52,11 @@ class RequestMisses:
     expert_mass: np.ndarray  # [L, E] gate mass per expert (any resident set's misses follow from it)
     tokens: int = 0
     steps: int = 0
-    promoted: np.ndarray | None = None  # [L] experts the online cache promoted on this request's routing
+    promoted: np.ndarray = None  # type: ignore[assignment]  # [L] experts the online cache promoted; zeros when not given
+
+    def __post_init__(self) -> None:
+        if self.promoted is None:
+            self.promoted = np.zeros(len(self.observed), np.int64)
 
     @classmethod
     def zeros(cls, layers: int, experts: int) -> "RequestMisses":
@@ -69,8 +73,7 @@ class RequestMisses:
         self.expert_mass += other.expert_mass
         self.tokens += other.tokens
         self.steps += other.steps
-        if other.promoted is not None:
-            self.promoted = other.promoted.copy() if self.promoted is None else self.promoted + other.promoted
+        self.promoted = self.promoted + other.promoted
 
 
 class MissLedger:
@@ -164,7 +167,7 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
     """The seed's ``by_layer`` / ``summary`` shape, plus expert-level counts and online-cache promotions
     (hits and misses are as routed, before any promotion)."""
     by_layer: dict[str, Any] = {}
-    promoted = acc.promoted if acc.promoted is not None else np.zeros(len(acc.observed), np.int64)
+    promoted = acc.promoted
     for i, layer in enumerate(layer_ids):
         obs, ina = float(acc.observed[i]), float(acc.inactive[i])
         missed = np.nonzero(acc.miss_hits[i])[0]
