@@ -17,8 +17,21 @@ from prometheus_client.registry import Collector
 PREFIX = "reap_swap"
 
 
+GIB = 2**30
+Row = tuple[str, str, str, float]
+"""(key in the source dict, metric name after the prefix, help, scale)."""
+
+
 def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _families(family: type, prefix: str, src: Mapping[str, Any], rows: Iterable[Row]) -> Iterable[Any]:
+    """One family per row whose value is a number (missing or non-numeric values are left out)."""
+    for key, name, help_, scale in rows:
+        v = _num(src.get(key))
+        if v is not None:
+            yield family(f"{PREFIX}_{prefix}{name}", help_, value=v * scale)
 
 
 class _Snapshot(Collector):
@@ -28,73 +41,50 @@ class _Snapshot(Collector):
         self.control, self.worker, self.misses = control, worker, misses
 
     def collect(self) -> Iterable[Any]:
-        yield from self._control()
-        yield from self._misses()
+        yield from _families(CounterMetricFamily, "control_", self.control, (
+            ("swaps", "swaps", "control-plane swaps that moved experts", 1.0),
+            ("noops", "noops", "swap requests that changed nothing", 1.0),
+            ("rejected", "rejected", "swap requests refused (bad input or policy)", 1.0),
+            ("rate_limited", "rate_limited", "swap requests refused by the byte budget", 1.0),
+            ("failed", "failed", "swaps that failed in a worker", 1.0),
+            ("resyncs", "resyncs", "resident-state repairs after a failed swap", 1.0),
+            ("experts_loaded", "experts_loaded", "experts copied into slots by swaps", 1.0),
+            ("bytes_copied", "bytes_copied", "bytes copied into slots by swaps", 1.0),
+            ("swap_ms_total", "swap_seconds", "time spent in swaps", 1e-3),
+        ))
+        # The ledger holds live and recent requests only (bounded, resettable): gauges.
+        yield from _families(GaugeMetricFamily, "ledger_", (self.misses or {}).get("summary") or {}, (
+            ("routed_pairs", "routed_pairs", "routed (token, expert) pairs of the requests held by the miss ledger", 1.0),
+            ("missed_pairs", "missed_pairs", "routed pairs whose expert was not resident, as routed (before any promotion)", 1.0),
+            ("promoted_experts", "promoted_experts", "online-cache promotions booked to those requests", 1.0),
+            ("link_bytes", "link_bytes", "expert bytes over the host link for the missed pairs, one expert per pair (UVA reads or "
+             "promotion copies; exact at batch-1 decode, else an upper bound)", 1.0),
+            ("tokens", "tokens", "token rows of those requests", 1.0),
+        ))
         yield from self._worker()
-
-    def _control(self) -> Iterable[Any]:
-        c = self.control
-        for key, help_ in (
-            ("swaps", "control-plane swaps that moved experts"),
-            ("noops", "swap requests that changed nothing"),
-            ("rejected", "swap requests refused (bad input or policy)"),
-            ("rate_limited", "swap requests refused by the byte budget"),
-            ("failed", "swaps that failed in a worker"),
-            ("resyncs", "resident-state repairs after a failed swap"),
-            ("experts_loaded", "experts copied into slots by swaps"),
-            ("bytes_copied", "bytes copied into slots by swaps"),
-        ):
-            v = _num(c.get(key))
-            if v is not None:
-                yield CounterMetricFamily(f"{PREFIX}_control_{key}", help_, value=v)
-        v = _num(c.get("swap_ms_total"))
-        if v is not None:
-            yield CounterMetricFamily(f"{PREFIX}_control_swap_seconds", "time spent in swaps", value=v / 1e3)
-
-    def _misses(self) -> Iterable[Any]:
-        s = (self.misses or {}).get("summary") or {}
-        for key, help_ in (
-            ("routed_pairs", "routed (token, expert) pairs of the requests held by the miss ledger"),
-            ("missed_pairs", "routed pairs whose expert was not resident, as routed (before any promotion)"),
-            ("promoted_experts", "online-cache promotions booked to those requests"),
-            ("link_bytes", "expert bytes over the host link for the missed pairs, one expert per pair (UVA reads or promotion copies; exact at batch-1 decode, else an upper bound)"),
-            ("tokens", "token rows of those requests"),
-        ):
-            v = _num(s.get(key))
-            if v is not None:
-                # The ledger holds live and recent requests only (bounded, resettable): a gauge.
-                yield GaugeMetricFamily(f"{PREFIX}_ledger_{key}", help_, value=v)
 
     def _worker(self) -> Iterable[Any]:
         w = self.worker
-        mem = w.get("memory") or {}
-        for key, name, help_ in (
-            ("slot_bank_gib", "slot_bank_bytes", "device bytes of the slot banks"),
-            ("host_bank_gib", "host_bank_bytes", "pinned host bytes of the host banks"),
-        ):
-            v = _num(mem.get(key))
-            if v is not None:
-                yield GaugeMetricFamily(f"{PREFIX}_{name}", help_, value=v * 2**30)
+        yield from _families(GaugeMetricFamily, "", w.get("memory") or {}, (
+            ("slot_bank_gib", "slot_bank_bytes", "device bytes of the slot banks", GIB),
+            ("host_bank_gib", "host_bank_bytes", "pinned host bytes of the host banks", GIB),
+        ))
         oc = w.get("online_cache") or {}
         yield GaugeMetricFamily(f"{PREFIX}_online_cache_enabled", "1 when the online expert cache runs in the forward",
                                 value=1.0 if oc.get("enabled") else 0.0)
         if oc.get("enabled"):
-            for key, help_ in (("promotions", "experts promoted into slots inside the forward"),
-                               ("evictions", "experts evicted from slots by promotions"),
-                               ("promotion_link_bytes", "bytes the promotions copied over the host link")):
-                v = _num(oc.get(key))
-                if v is not None:
-                    yield CounterMetricFamily(f"{PREFIX}_online_cache_{key}", help_, value=v)
+            yield from _families(CounterMetricFamily, "online_cache_", oc, (
+                ("promotions", "promotions", "experts promoted into slots inside the forward", 1.0),
+                ("evictions", "evictions", "experts evicted from slots by promotions", 1.0),
+                ("promotion_link_bytes", "promotion_link_bytes", "bytes the promotions copied over the host link", 1.0),
+            ))
         comp = w.get("complement") or {}
         yield GaugeMetricFamily(f"{PREFIX}_ram_complement_enabled", "1 in RAM-complement mode", value=1.0 if comp.get("enabled") else 0.0)
         if comp.get("enabled"):
-            v = _num(comp.get("spare_gib"))
-            if v is not None:
-                yield GaugeMetricFamily(f"{PREFIX}_ram_complement_spare_bytes", "host bytes of spare rows", value=v * 2**30)
-            for key, v in sorted((comp.get("counters") or {}).items()):
-                n = _num(v)
-                if n is not None:
-                    yield CounterMetricFamily(f"{PREFIX}_ram_complement_{key}", f"RAM-complement exchange counter {key}", value=n)
+            yield from _families(GaugeMetricFamily, "ram_complement_", comp, (("spare_gib", "spare_bytes", "host bytes of spare rows", GIB),))
+            counters = comp.get("counters") or {}
+            yield from _families(CounterMetricFamily, "ram_complement_", counters,
+                                 ((k, k, f"RAM-complement exchange counter {k}", 1.0) for k in sorted(counters)))
 
 
 def exposition(control: Mapping[str, Any], worker: Mapping[str, Any], misses: Mapping[str, Any] | None) -> bytes:
