@@ -166,6 +166,10 @@ def native_library() -> ctypes.CDLL | None:
     lib.reap_cpu_experts.restype = i32
     lib.reap_cpu_experts_set_cpus.argtypes = [p, i32]
     lib.reap_cpu_experts_set_cpus.restype = i32
+    lib.reap_cpu_job_size.restype = ctypes.c_size_t
+    lib.reap_cpu_act_size.restype = ctypes.c_size_t
+    lib.reap_cpu_step.argtypes = [p]
+    lib.reap_cpu_step.restype = None
     _native = lib
     return lib
 

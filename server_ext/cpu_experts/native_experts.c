@@ -27,6 +27,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -187,11 +188,12 @@ static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X,
   }
 }
 
-/* Groups are experts (bank rows); pairs [off[g], off[g+1]) route to group g. Returns 0. */
-int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
-                     const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
-                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
-                     float* hs, void* as_, uint16_t* out, int nthreads) {
+/* Groups are experts (bank rows); pairs [off[g], off[g+1]) route to group g; pair p's output goes
+ * to out row pair_dst[p] (row p when pair_dst is NULL). */
+static void experts_impl(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
+                         const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
+                         const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
+                         float* hs, void* as_, uint16_t* out, const int32_t* pair_dst, int nthreads) {
   act_t* xs = (act_t*)xs_; /* [n_pairs, H] */
   act_t* as = (act_t*)as_; /* [n_pairs, I] */
   const int n13 = 2 * I;
@@ -235,8 +237,102 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
       rows_block(W, I, n0, n1, as + (int64_t)p0 * I, np, hs + (int64_t)p0 * H, H);
     }
 #pragma omp for schedule(static)
-    for (int p = 0; p < n_pairs; p++)
-      for (int n = 0; n < H; n++) out[(int64_t)p * H + n] = f32_to_bf16(hs[(int64_t)p * H + n] * pair_w[p]);
+    for (int p = 0; p < n_pairs; p++) {
+      uint16_t* dst = out + (int64_t)(pair_dst ? pair_dst[p] : p) * H;
+      for (int n = 0; n < H; n++) dst[n] = f32_to_bf16(hs[(int64_t)p * H + n] * pair_w[p]);
+    }
   }
+}
+
+int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
+                     const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
+                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
+                     float* hs, void* as_, uint16_t* out, int nthreads) {
+  experts_impl(w13, w13_row_stride, w2, w2_row_stride, group_rows, group_off, n_groups, pair_tok, pair_w, n_pairs, x,
+               x_stride, H, I, xs_, hs, as_, out, NULL, nthreads);
   return 0;
+}
+
+/* One MoE layer step of the CPU expert path, as a CUDA host function (cuLaunchHostFunc's
+ * void(void*) signature) or a plain call. Everything it reads was staged by the device before it
+ * runs (stream order): the step's [T, K] logical expert ids, CPU-pair mask and routing weights
+ * and its [T, H] hidden states. It groups the CPU pairs by expert (ascending expert, pairs in
+ * (token, k) order: group_pairs' order), computes them from the bank's host rows in place and
+ * writes each pair's bf16 output at its (token, k) place of the [T, K, H] per-k buffer (other
+ * places untouched: the device only reads the masked ones). Never calls CUDA, never blocks on
+ * anything but its own OpenMP team. Errors cannot be raised from a host callback: a bad id
+ * sets status and the step computes nothing. Field order is mirrored by step.py's ctypes. */
+typedef struct {
+  const int32_t* ids;
+  const uint8_t* mask;
+  const float* weights;
+  const uint16_t* x;
+  uint16_t* out;
+  const uint16_t* w13;
+  const uint16_t* w2;
+  int64_t w13_row_stride, w2_row_stride, row_offset, expert_bytes;
+  int64_t T, K, H, I, E, nthreads;
+  int32_t* counts;     /* [E + 1] */
+  int32_t* group_rows; /* [T * K] */
+  int32_t* group_off;  /* [T * K + 1] */
+  int32_t* pair_tok;   /* [T * K] */
+  int32_t* pair_dst;   /* [T * K] */
+  float* pair_w;       /* [T * K] */
+  void* xs;            /* [T * K * H] act_t */
+  float* hs;           /* [T * K * max(2I, H)] */
+  void* as;            /* [T * K * I] act_t */
+  int64_t calls, steps_with_work, experts, pairs, ns, bytes, status;
+} reap_cpu_job;
+
+size_t reap_cpu_job_size(void) { return sizeof(reap_cpu_job); }
+size_t reap_cpu_act_size(void) { return sizeof(act_t); }
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void reap_cpu_step(void* arg) {
+  reap_cpu_job* j = (reap_cpu_job*)arg;
+  const int64_t T = j->T, K = j->K, E = j->E, TK = T * K;
+  j->calls++;
+  memset(j->counts, 0, sizeof(int32_t) * (size_t)(E + 1));
+  int64_t np = 0;
+  for (int64_t q = 0; q < TK; q++) {
+    if (!j->mask[q]) continue;
+    int32_t e = j->ids[q];
+    if (e < 0 || e >= E) { j->status = -1; return; }
+    j->counts[e + 1]++;
+    np++;
+  }
+  if (np == 0) return;
+  int64_t t0 = now_ns();
+  /* groups: experts with pairs, ascending; counts[e + 1] -> running start of expert e */
+  int ng = 0;
+  for (int64_t e = 0; e < E; e++) {
+    int32_t c = j->counts[e + 1];
+    j->counts[e + 1] = j->counts[e] + c;
+    if (c) {
+      j->group_rows[ng] = (int32_t)(j->row_offset + e);
+      j->group_off[ng] = j->counts[e];
+      ng++;
+    }
+  }
+  j->group_off[ng] = (int32_t)np;
+  for (int64_t q = 0; q < TK; q++) { /* stable: (token, k) order inside each expert */
+    if (!j->mask[q]) continue;
+    int32_t p = j->counts[j->ids[q]]++;
+    j->pair_tok[p] = (int32_t)(q / K);
+    j->pair_dst[p] = (int32_t)q;
+    j->pair_w[p] = j->weights[q];
+  }
+  experts_impl(j->w13, j->w13_row_stride, j->w2, j->w2_row_stride, j->group_rows, j->group_off, ng, j->pair_tok,
+               j->pair_w, (int)np, j->x, j->H, (int)j->H, (int)j->I, j->xs, j->hs, j->as, j->out, j->pair_dst,
+               (int)j->nthreads);
+  j->ns += now_ns() - t0;
+  j->steps_with_work++;
+  j->experts += ng;
+  j->pairs += np;
+  j->bytes += (int64_t)ng * j->expert_bytes;
 }

@@ -146,9 +146,11 @@ def plan_split(
     link_curve = (n_missed - n).clamp(min=0.0) * (expert_bytes / (cost.link_GBps * _GB))
 
     tokens = topk_ids.shape[0] if num_tokens is None else num_tokens
-    tokens_t = torch.as_tensor(tokens, device=dev)
-    small_batch = tokens_t <= cost.max_tokens
-    valid = (n <= eligible.sum().to(f64)) & (small_batch | (n == 0))
+    valid = n <= eligible.sum().to(f64)
+    if isinstance(tokens, torch.Tensor):  # a device count: stays on the device
+        valid = valid & ((tokens.to(dev) <= cost.max_tokens) | (n == 0))
+    elif tokens > cost.max_tokens:  # a Python count (graph-safe: no host -> device copy)
+        valid = valid & (n == 0)
     step = torch.where(valid, torch.maximum(cpu_curve, link_curve), torch.full_like(n, float("inf")))
     best = torch.argmin(step)  # first minimum: tie rule (1), fewest CPU experts
 
@@ -160,8 +162,8 @@ def plan_split(
         link_experts=link_experts,
         cpu_pairs=cpu_pairs,
         n_cpu=best,
-        link_s=link_curve[best],
-        cpu_s=cpu_curve[best],
+        link_s=link_curve.index_select(0, best.view(1)).squeeze(0),  # tensor index: no host read (graph-safe)
+        cpu_s=cpu_curve.index_select(0, best.view(1)).squeeze(0),
     )
 
 

@@ -1,0 +1,197 @@
+"""One MoE layer's CPU expert step: staging buffers, the native job, the merge into the k-sum.
+
+Why a job object: the CPU's share of a step must run without Python (inside a captured CUDA graph
+it is a host node calling ``reap_cpu_step`` from the driver's callback thread), so everything it
+needs -- where the device staged the step's ids, mask, routing weights and hidden states, where the
+bank's host rows are, scratch space, counters -- lives in one C struct per captured token count.
+
+Flow of a step (same order on CPU and CUDA; only *who calls* ``reap_cpu_step`` differs):
+
+1. ``stage``: device ops copy ``x`` [T, H], logical ``topk_ids`` [T, K], ``topk_weights`` and the
+   split's ``cpu_pairs`` mask into staging buffers the host can read (pinned + device-mapped on
+   CUDA, so these are ordinary kernels: no memcpy node, graph-safe);
+2. the job runs: directly (``run``) or as a host function on a side stream (``cuda_host``);
+3. ``merge``: the fused kernel's per-(token, k) cache takes the CPU's outputs at the CPU pairs'
+   places, before vLLM's own ``moe_sum`` -- the k-sum order stays stock.
+
+The staging allocator is injected (``Staging``): plain CPU tensors, or ``cuda_host.MappedStaging``.
+No vLLM import here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .kernel import CpuThreads, native_library, native_error
+
+
+class Staging(Protocol):
+    """Host-readable buffers that device ops can write: (host view, device view) of one allocation."""
+
+    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class PlainStaging:
+    """CPU device: host and device views are the same tensor."""
+
+    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.zeros(shape, dtype=dtype)
+        return t, t
+
+
+class CpuJob(ctypes.Structure):
+    """Mirror of ``reap_cpu_job`` in native_experts.c (field order and types must match)."""
+
+    _p = ctypes.c_void_p
+    _i = ctypes.c_int64
+    _fields_ = [
+        ("ids", _p), ("mask", _p), ("weights", _p), ("x", _p), ("out", _p), ("w13", _p), ("w2", _p),
+        ("w13_row_stride", _i), ("w2_row_stride", _i), ("row_offset", _i), ("expert_bytes", _i),
+        ("T", _i), ("K", _i), ("H", _i), ("I", _i), ("E", _i), ("nthreads", _i),
+        ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("pair_w", _p),
+        ("xs", _p), ("hs", _p), ("as_", _p),
+        ("calls", _i), ("steps_with_work", _i), ("experts", _i), ("pairs", _i), ("ns", _i), ("bytes", _i), ("status", _i),
+    ]
+
+
+STAT_FIELDS = ("calls", "steps_with_work", "experts", "pairs", "ns", "bytes")
+
+
+@dataclass(frozen=True)
+class BankRows:
+    """The bank tensors the CPU reads (host-addressable rows) and where expert ``e``'s host row is."""
+
+    w13: torch.Tensor  # [R, 2I, H] bf16
+    w2: torch.Tensor  # [R, H, I] bf16
+    row_offset: int  # bank row of expert e = row_offset + e (full host copy)
+    num_experts: int
+
+    def __post_init__(self) -> None:
+        r, i2, h = self.w13.shape
+        if self.w2.shape != (r, h, i2 // 2) or i2 % 2:
+            raise ValueError(f"bank shapes w13 {tuple(self.w13.shape)} w2 {tuple(self.w2.shape)} are not [R, 2I, H] / [R, H, I]")
+        if self.w13.dtype != torch.bfloat16 or self.w2.dtype != torch.bfloat16:
+            raise ValueError("the CPU expert path computes bf16 banks only")
+        if self.w13[0].stride() != (h, 1) or self.w2[0].stride() != (i2 // 2, 1):
+            raise ValueError("the CPU expert path needs row-contiguous bank rows")
+        if self.row_offset < 0 or self.row_offset + self.num_experts > r:
+            raise ValueError(f"host rows {self.row_offset}..{self.row_offset + self.num_experts} exceed the bank's {r} rows")
+
+    @property
+    def hidden(self) -> int:
+        return int(self.w13.shape[2])
+
+    @property
+    def inter(self) -> int:
+        return int(self.w2.shape[2])
+
+    @property
+    def expert_bytes(self) -> int:
+        return (self.w13[0].numel() + self.w2[0].numel()) * 2
+
+
+class CpuStep:
+    """A layer's CPU expert step for up to ``max_tokens`` tokens with ``top_k`` experts each."""
+
+    def __init__(self, bank: BankRows, max_tokens: int, top_k: int, threads: CpuThreads, staging: Staging | None = None):
+        lib = native_library()
+        if lib is None:
+            raise RuntimeError(f"the CPU expert path needs the native kernel, which did not build: {native_error()}")
+        if int(lib.reap_cpu_job_size()) != ctypes.sizeof(CpuJob):
+            raise RuntimeError(f"native job struct is {lib.reap_cpu_job_size()} bytes, the Python mirror {ctypes.sizeof(CpuJob)}")
+        if max_tokens < 1 or top_k < 1:
+            raise ValueError(f"max_tokens and top_k must be >= 1, got {max_tokens}, {top_k}")
+        cpus = (ctypes.c_int * max(1, len(threads.cpus)))(*threads.cpus)
+        lib.reap_cpu_experts_set_cpus(ctypes.cast(cpus, ctypes.c_void_p), len(threads.cpus))  # process-wide
+        self.lib = lib
+        self.bank = bank
+        self.max_tokens = max_tokens
+        self.top_k = top_k
+        self.threads = threads
+        staging = staging or PlainStaging()
+        t, k, h, i = max_tokens, top_k, bank.hidden, bank.inter
+        self._ids_h, self.ids = staging.alloc((t, k), torch.int32)
+        self._mask_h, self.mask = staging.alloc((t, k), torch.uint8)
+        self._w_h, self.weights = staging.alloc((t, k), torch.float32)
+        self._x_h, self.x = staging.alloc((t, h), torch.bfloat16)
+        self._out_h, self.out = staging.alloc((t, k, h), torch.bfloat16)
+        pairs = t * k
+        act = int(lib.reap_cpu_act_size())
+        self._scratch = {
+            "counts": torch.zeros(bank.num_experts + 1, dtype=torch.int32),
+            "group_rows": torch.zeros(pairs, dtype=torch.int32),
+            "group_off": torch.zeros(pairs + 1, dtype=torch.int32),
+            "pair_tok": torch.zeros(pairs, dtype=torch.int32),
+            "pair_dst": torch.zeros(pairs, dtype=torch.int32),
+            "pair_w": torch.zeros(pairs, dtype=torch.float32),
+            "xs": torch.zeros(pairs * h * act, dtype=torch.uint8),
+            "hs": torch.zeros(pairs * max(2 * i, h), dtype=torch.float32),
+            "as_": torch.zeros(pairs * i * act, dtype=torch.uint8),
+        }
+        self._jobs: dict[int, CpuJob] = {}
+
+    def job(self, num_tokens: int) -> CpuJob:
+        """The job of a step with ``num_tokens`` tokens (one per captured size; addresses never move)."""
+        if not 1 <= num_tokens <= self.max_tokens:
+            raise ValueError(f"{num_tokens} tokens: the CPU expert step takes 1..{self.max_tokens}")
+        job = self._jobs.get(num_tokens)
+        if job is None:
+            b = self.bank
+            job = CpuJob(
+                ids=self._ids_h.data_ptr(), mask=self._mask_h.data_ptr(), weights=self._w_h.data_ptr(),
+                x=self._x_h.data_ptr(), out=self._out_h.data_ptr(), w13=b.w13.data_ptr(), w2=b.w2.data_ptr(),
+                w13_row_stride=b.w13.stride(0), w2_row_stride=b.w2.stride(0), row_offset=b.row_offset,
+                expert_bytes=b.expert_bytes, T=num_tokens, K=self.top_k, H=b.hidden, I=b.inter, E=b.num_experts,
+                nthreads=self.threads.n, **{name: t.data_ptr() for name, t in self._scratch.items()},
+            )
+            self._jobs[num_tokens] = job
+        return job
+
+    def job_address(self, num_tokens: int) -> int:
+        return ctypes.addressof(self.job(num_tokens))
+
+    @property
+    def function_address(self) -> int:
+        """``reap_cpu_step``'s address: the host function a CUDA graph node calls."""
+        return ctypes.cast(self.lib.reap_cpu_step, ctypes.c_void_p).value or 0
+
+    def stage(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, cpu_pairs: torch.Tensor) -> int:
+        """Device ops writing the step's inputs where the job reads them; returns T."""
+        t = int(topk_ids.shape[0])
+        if topk_ids.shape != (t, self.top_k) or x.shape != (t, self.bank.hidden):
+            raise ValueError(f"step shapes x {tuple(x.shape)} ids {tuple(topk_ids.shape)} do not fit [T, {self.bank.hidden}] / [T, {self.top_k}]")
+        self.job(t)  # range check before any write
+        self.ids[:t].copy_(topk_ids)
+        self.mask[:t].copy_(cpu_pairs)
+        self.weights[:t].copy_(topk_weights)
+        self.x[:t].copy_(x)
+        return t
+
+    def run(self, num_tokens: int) -> None:
+        """The CPU's share of a staged step, on the calling thread."""
+        self.lib.reap_cpu_step(ctypes.byref(self.job(num_tokens)))
+        self.check()
+
+    def check(self) -> None:
+        bad = [t for t, j in self._jobs.items() if j.status]
+        if bad:
+            raise RuntimeError(f"CPU expert step saw an expert id outside 0..{self.bank.num_experts - 1} (tokens {bad})")
+
+    def merge(self, per_k: torch.Tensor, cpu_pairs: torch.Tensor) -> torch.Tensor:
+        """The fused kernel's [T, K, H] per-(token, k) outputs with the CPU pairs' places replaced."""
+        t = per_k.shape[0]
+        return torch.where(cpu_pairs[:t, :, None], self.out[:t], per_k.view(t, self.top_k, -1))
+
+    def stats(self) -> dict[str, int]:
+        """Counters summed over the jobs (host side: calls, experts and pairs computed, busy ns, bytes read)."""
+        return {f: sum(int(getattr(j, f)) for j in self._jobs.values()) for f in (*STAT_FIELDS, "status")}
+
+    def reset_stats(self) -> None:
+        for j in self._jobs.values():
+            for f in STAT_FIELDS:
+                setattr(j, f, 0)
+
