@@ -61,6 +61,8 @@ class VmmBacking:
         self.numa_node = numa_node
         torch.cuda.init()
         self._keep: list[Any] = []  # handles and wrappers live as long as the server
+        self._host_ranges: list[tuple[int, int]] = []  # (address, bytes) of host-backed parts
+        self.host_readable = False
         self.granularity = max(self._granularity(self._prop(device=True)), self._granularity(self._prop(device=False)))
 
     def _prop(self, device: bool) -> Any:
@@ -100,16 +102,45 @@ class VmmBacking:
             handle = _check(cu.cuMemCreate(size, self._prop(device=on_device), 0))
             _check(cu.cuMemMap(ptr + offset, size, 0, handle, 0))
             self._keep.append(handle)
+            if not on_device:
+                self._host_ranges.append((ptr + offset, size))
             offset += size
         access = cu.CUmemAccessDesc()
         access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         access.location.id = self.ordinal
         access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         _check(cu.cuMemSetAccess(ptr, total, [access], 1))
+        if self.host_readable and host_bytes:
+            self._grant(ptr + dev_bytes, host_bytes)
         owner = _CudaArray(ptr, (host_offset + num_experts) * row_bytes)
         self._keep.append(owner)
         raw = torch.as_tensor(owner, device=self.device)
         return raw.view(dtype).view(host_offset + num_experts, *row_shape)
+
+    def grant_host_access(self) -> None:
+        """Let this process's CPU threads read the host rows at their (unified) addresses.
+
+        The CPU expert path computes from the host rows in place; mapped for the device only, a CPU
+        load from them faults. Ranges allocated after this call are granted as they come.
+        """
+        self.host_readable = True
+        for addr, size in self._host_ranges:
+            self._grant(addr, size)
+
+    def _grant(self, addr: int, size: int) -> None:
+        errors = []
+        for loc_type, loc_id in ((cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA, self.numa_node),
+                                 (cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST, 0)):
+            access = cu.CUmemAccessDesc()
+            access.location.type = loc_type
+            access.location.id = loc_id
+            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            err = cu.cuMemSetAccess(addr, size, [access], 1)
+            err = err[0] if isinstance(err, tuple) else err
+            if int(err) == 0:
+                return
+            errors.append(f"{loc_type.name}: {err}")
+        raise VmmError(f"the host rows cannot be mapped for the CPU ({'; '.join(errors)})")
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
