@@ -26,6 +26,8 @@ from reap_swap.models.families import UnsupportedModelError, layout_for
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
+from . import cpu_path
+from .cpu_experts.kernel import CpuThreads
 from .auth import is_loopback
 
 WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
@@ -68,7 +70,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"--online-cache: score decay per step, in (0, 1) (default {reap_config.DEFAULT_CACHE_DECAY})")
     p.add_argument("--online-cache-hysteresis", type=float, default=None,
                    help="--online-cache: promote only while candidate score > victim score + this (default: always)")
+    cpu = p.add_argument_group("CPU expert path (CUDA only, opt-in; outputs equal stock within bf16 tolerance, not token-identical)")
+    cpu.add_argument("--cpu-experts", action="store_true",
+                     help="the host CPU computes part of each small step's non-resident experts from the host rows while the GPU reads the rest")
+    cpu.add_argument("--cpu-experts-cpus", help="cores of the CPU expert team, e.g. 2-15 (default: all; keep vLLM's own threads off them)")
+    cpu.add_argument("--cpu-experts-link-gbps", type=float, help="host link GB/s for the split's cost model (default: measured at start-up)")
+    cpu.add_argument("--cpu-experts-cpu-gbps", type=float, help="CPU expert GB/s for the cost model (default: measured at start-up)")
+    cpu.add_argument("--cpu-experts-max-tokens", type=int, help="largest step (tokens) the CPU takes part in (default 8; prefill keeps the link path)")
     return p
+
+
+def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
+    knobs = {"cpu_experts_cpus": "REAP_CPU_EXPERT_CPUS", "cpu_experts_link_gbps": cpu_path.ENV_LINK_GBPS,
+             "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS}
+    given = {name: getattr(args, name, None) for name in knobs}
+    if not getattr(args, "cpu_experts", False):
+        if any(v is not None for v in given.values()):
+            raise SystemExit("reap-swap serve: error: --cpu-experts-* options need --cpu-experts")
+        return
+    if getattr(args, "ram_complement", False):
+        raise SystemExit("reap-swap serve: error: --cpu-experts reads every expert's host row in place; it cannot run with --ram-complement")
+    env[cpu_path.ENV_CPU_EXPERTS] = "1"
+    for name, var in knobs.items():
+        if given[name] is not None:
+            env[var] = str(given[name])
+    if given["cpu_experts_cpus"] is not None:
+        try:
+            cores = CpuThreads.parse_cpus(given["cpu_experts_cpus"])
+        except ValueError:
+            cores = ()
+        if not cores:
+            raise SystemExit(f"reap-swap serve: error: --cpu-experts-cpus {given['cpu_experts_cpus']!r} is not a core list like 2-15 or 4,5,6")
+    try:
+        cpu_path.CpuPathSettings.from_env(env)
+    except cpu_path.CpuPathConfigError as exc:
+        raise SystemExit(f"reap-swap serve: error: {exc}") from None
 
 
 def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
@@ -124,6 +160,7 @@ def plan_env(args: argparse.Namespace) -> dict[str, str]:
                 raise SystemExit("reap-swap serve: error: --complement-spares must be >= 1")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
     _online_cache_env(args, env)
+    _cpu_experts_env(args, env)
     try:
         cfg = reap_config.from_env(env)
     except reap_config.ResidencyConfigError as exc:

@@ -31,6 +31,7 @@ from . import config as reap_config
 from .arena import arena_for
 from .bank import ComplementSpec, ExpertBank, PlainBacking
 from . import logical_experts
+from .cpu_path import CpuPathConfigError, CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
 from .online_cache import CacheParams, LayerCache
 from .routing_kernels import remap_and_capture
 
@@ -38,6 +39,9 @@ logger = logging.getLogger("reap_swap.server_ext")
 
 # Per-expert parameters that are shared, not per expert (mirrors vLLM's EPLB list).
 _NON_EXPERT_PARAMS = {"e_score_correction_bias", "w13_input_scale", "w2_input_scale", "hash_indices_table"}
+
+# Registry: (link GB/s, CPU GB/s) measured once per device by the first layer with the CPU path.
+_MEASURED_RATES: dict[str, tuple[float, float]] = {}
 
 
 def _layer_index(layer_name: str) -> int:
@@ -62,6 +66,7 @@ class ResidentRoutedExperts(RoutedExperts):
         super().__init__(*args, **kwargs)
         self.reap_bank: ExpertBank | None = None
         self.reap_cache: LayerCache | None = None
+        self.reap_cpu_path: LayerCpuPath | None = None
         self.reap_complement_fallback: str | None = None
         """Why RAM-complement mode was asked for but the full-copy bank was built instead."""
         self.reap_layer_id = _layer_index(self.layer_name)
@@ -111,6 +116,10 @@ class ResidentRoutedExperts(RoutedExperts):
         device = next(iter(params.values())).device
         start = cfg.start_resident(self.reap_layer_id, self.global_num_experts, self.reap_slots)
         backing = make_backing(device)
+        cpu_settings = CpuPathSettings.from_env()
+        if cpu_settings.enabled:
+            self._check_cpu_path_allowed(cfg, device)
+            backing.grant_host_access()  # the CPU reads the host rows in place
         bank: ExpertBank | None = None
         if cfg.ram_complement and self.reap_slots > 0:  # no slots: nothing to complement
             spec = ComplementSpec(min(cfg.complement_spares, self.reap_slots), start)
@@ -133,6 +142,8 @@ class ResidentRoutedExperts(RoutedExperts):
                                          host_rows=comp.rows.num_rows if comp is not None else None)
             self.reap_cache.install(bank.table.owners(), prior=start, protected=cfg.core(self.reap_layer_id),
                                     row_owners=comp.rows.owners() if comp is not None else None)
+        if cpu_settings.enabled:
+            self.reap_cpu_path = self._build_cpu_path(cpu_settings, device)
         if device.type == "cuda":
             # The fused kernels size their expert histograms from this count; their tile
             # config and path still follow the logical count (logical_experts.py).
@@ -151,6 +162,49 @@ class ResidentRoutedExperts(RoutedExperts):
             ", RAM complement" if self.reap_bank.complement else "",
             len(self.reap_bank.resident()),
         )
+
+    def _check_cpu_path_allowed(self, cfg: reap_config.ResidencyConfig, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise CpuPathConfigError("REAP_CPU_EXPERTS needs a CUDA device (on a CPU-only server the CPU computes every expert already)")
+        if cfg.ram_complement:
+            raise CpuPathConfigError("REAP_CPU_EXPERTS reads every expert's host row in place; it cannot run with REAP_RAM_COMPLEMENT")
+        if self.reap_slots < 1:
+            raise CpuPathConfigError("REAP_CPU_EXPERTS needs at least one resident slot per layer")
+
+    def _build_cpu_path(self, settings: CpuPathSettings, device: torch.device) -> LayerCpuPath:
+        from .cpu_experts.cuda_host import HostFunctionStream, MappedStaging
+        from .cpu_experts.kernel import CpuThreads
+        from .cpu_experts.step import BankRows
+
+        bank = self.reap_bank
+        assert bank is not None
+        experts = getattr(getattr(self.quant_method, "moe_kernel", None), "fused_experts", None)
+        if not callable(getattr(experts, "moe_sum", None)):
+            raise CpuPathConfigError(
+                f"REAP_CPU_EXPERTS needs vLLM's modular fused-MoE kernel (its moe_sum step); layer {self.reap_layer_id} runs {type(experts).__name__}")
+        w13, w2 = (bank.params[n].data for n in ("w13_weight", "w2_weight"))
+        rows = BankRows(w13, w2, bank.table.host_row_offset, bank.num_experts)
+        # A padding row of the slot region (zeros) if there is one, else slot 0: HBM either way.
+        filler = bank.num_slots if bank.table.host_row_offset > bank.num_slots else 0
+        key = str(device)
+        rates = _MEASURED_RATES.get(key)
+        probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0)
+        path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(), device,
+                            MappedStaging(device), HostFunctionStream(device))
+        if rates is None:
+            rates = (measure_link_GBps(w13[bank.table.host_row_offset:]), measure_cpu_GBps(path))
+            _MEASURED_RATES[key] = rates
+            logger.info("reap-swap CPU expert path: link %.1f GB/s, CPU %.1f GB/s measured", *rates)
+        path.cost = settings.cost(*rates)
+        path.measured = {"link_GBps": rates[0], "cpu_GBps": rates[1]}
+
+        orig_moe_sum = experts.moe_sum
+
+        def moe_sum(input: torch.Tensor, output: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return orig_moe_sum(path.merge(input), output, *args, **kwargs)
+
+        experts.moe_sum = moe_sum  # instance-level: this layer's kernel object only
+        return path
 
     def forward_modular(
         self,
@@ -171,6 +225,17 @@ class ResidentRoutedExperts(RoutedExperts):
                 arena = self.reap_arena
                 rows = [p.data for p in self.reap_bank.params.values()]
                 phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
+            cpu = self.reap_cpu_path
+            if cpu is not None and cpu.takes(int(topk_ids.shape[0])):
+                phys = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset)
+                try:
+                    out = super().forward_modular(x=x, topk_weights=topk_weights, topk_ids=phys, shared_experts=shared_experts,
+                                                  shared_experts_input=shared_experts_input)
+                finally:
+                    merged = cpu.abandon()  # joins a step whose merge never ran
+                if not merged:
+                    raise RuntimeError(f"layer {self.reap_layer_id}: vLLM's moe_sum was not called, the CPU experts' outputs would be lost")
+                return out
             topk_ids = phys
         return super().forward_modular(
             x=x,

@@ -20,6 +20,7 @@ from . import config as reap_config
 from .accounting import RoutingAccounting
 from .bank import ExpertBank, SwapStats
 from .capture import batch_layout
+from .cpu_path import summarize as cpu_path_summary
 from .exchange import ExchangeCounters
 from .host_memory import process_memory
 from .host_rows import HostRegions
@@ -390,6 +391,15 @@ class ReapWorkerExtension:
         rt = self._reap()
         rt.sync_tables()
         return {f"layer_{i}": b.verify() for i, b in rt.banks.items()}
+
+    def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
+        """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
+        paths = [m.reap_cpu_path for m in self._reap().layers if m.reap_cpu_path is not None]
+        out = cpu_path_summary(paths)
+        if reset:
+            for p in paths:
+                p.reset_stats()
+        return out
 
     def reap_cache_view(self) -> dict[str, Any]:
         """This rank's resident sets and online-cache counters, read back from the device now."""

@@ -1,0 +1,263 @@
+"""The CPU expert path of one MoE layer (issue 16): split, stage, host compute, merge.
+
+Per small step (at most ``max_tokens`` tokens; prefill keeps the plain path), after the step's ids
+are remapped (and, with the online cache, after its promotions -- a miss is promoted, read over
+the link, or computed on the CPU: one decision each):
+
+1. ``plan_split`` on the device chooses which missed experts the CPU computes so that the link's
+   and the CPU's shares finish together (cost model from measured rates, see ``calibrate``);
+2. the CPU pairs' ids point the fused kernel at a resident row instead (HBM, ~free), so their
+   host rows never cross the link; the step's inputs are staged for the host;
+3. the host function computes the CPU pairs from the host rows (side stream, concurrent with
+   the GPU kernel); 4. ``merge`` swaps the CPU's outputs into the kernel's per-(token, k) cache
+   just before vLLM's ``moe_sum``, so the k-sum keeps its stock order.
+
+Outputs differ from stock only by the CPU's arithmetic on the CPU pairs (bf16 tolerance, opt-in).
+Counters: on the device ``[missed experts, CPU experts, missed pairs, CPU pairs]`` summed over
+steps; on the host the jobs' busy time and bytes (CPU GB/s achieved).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from .cpu_experts.kernel import CpuThreads
+from .cpu_experts.split import CostModel, plan_split
+from .cpu_experts.step import BankRows, CpuStep, Staging
+
+ENV_CPU_EXPERTS = "REAP_CPU_EXPERTS"
+ENV_LINK_GBPS = "REAP_CPU_EXPERTS_LINK_GBPS"
+ENV_CPU_GBPS = "REAP_CPU_EXPERTS_CPU_GBPS"
+ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
+ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
+ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
+COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs")
+
+
+class CpuPathConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CpuPathSettings:
+    """What the user set (None: measured at start-up)."""
+
+    enabled: bool = False
+    link_GBps: float | None = None
+    cpu_GBps: float | None = None
+    fixed_us: float = 40.0
+    """Per layer step: staging, the host function's dispatch and the merge's wait."""
+    pair_us: float = 1.0
+    max_tokens: int = 8
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "CpuPathSettings":
+        env = os.environ if env is None else env
+        raw = env.get(ENV_CPU_EXPERTS, "").strip().lower()
+        if raw not in ("", "0", "1", "on", "off", "true", "false"):
+            raise CpuPathConfigError(f"{ENV_CPU_EXPERTS} must be 0 or 1, got {raw!r}")
+
+        def num(name: str, default: float | None, lo: float) -> float | None:
+            text = env.get(name, "").strip()
+            if not text:
+                return default
+            try:
+                value = float(text)
+            except ValueError:
+                raise CpuPathConfigError(f"{name} must be a number, got {text!r}") from None
+            if not value >= lo:
+                raise CpuPathConfigError(f"{name} must be >= {lo}, got {value}")
+            return value
+
+        link, cpu = num(ENV_LINK_GBPS, None, 1e-3), num(ENV_CPU_GBPS, None, 1e-3)
+        max_tokens = num(ENV_MAX_TOKENS, 8, 1)
+        if max_tokens is None or max_tokens != int(max_tokens):
+            raise CpuPathConfigError(f"{ENV_MAX_TOKENS} must be an integer >= 1, got {max_tokens}")
+        return cls(
+            enabled=raw in ("1", "on", "true"),
+            link_GBps=link,
+            cpu_GBps=cpu,
+            fixed_us=num(ENV_FIXED_US, 40.0, 0.0) or 0.0,
+            pair_us=num(ENV_PAIR_US, 1.0, 0.0) or 0.0,
+            max_tokens=int(max_tokens),
+        )
+
+    def cost(self, link_GBps: float, cpu_GBps: float) -> CostModel:
+        return CostModel(
+            link_GBps=self.link_GBps or link_GBps,
+            cpu_GBps=self.cpu_GBps or cpu_GBps,
+            cpu_fixed_s=self.fixed_us * 1e-6,
+            cpu_per_pair_s=self.pair_us * 1e-6,
+            max_tokens=self.max_tokens,
+        )
+
+
+class LayerCpuPath:
+    """One layer's CPU expert path: the split on the device, the CPU step, the merge."""
+
+    def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
+                 threads: CpuThreads, device: torch.device, staging: Staging | None = None, launcher: Any = None):
+        self.bank = bank
+        self.top_k = top_k
+        self.filler_row = filler_row
+        self.settings = settings
+        self.device = device
+        self.step_job = CpuStep(bank, settings.max_tokens, top_k, threads, staging)
+        self.launcher = launcher  # cuda_host.HostFunctionStream on CUDA; None: run on this thread
+        self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
+        # CUDA: the split as one Triton program (split_triton); elsewhere plan_split's torch ops.
+        self.fused = device.type == "cuda"
+        self.cpu_pairs = torch.zeros(settings.max_tokens, top_k, dtype=torch.bool, device=device)
+        self.cost = cost
+        self._pending: torch.Tensor | None = None
+        self.measured: dict[str, float] = {}
+
+    @property
+    def cost(self) -> CostModel:
+        return self._cost
+
+    @cost.setter
+    def cost(self, cost: CostModel) -> None:
+        self._cost = cost
+        b = self.bank.expert_bytes
+        self.cost_tensor = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
+                                         cost.cpu_per_pair_s], dtype=torch.float64, device=self.device)
+
+    def takes(self, num_tokens: int) -> bool:
+        return 0 < num_tokens <= self.settings.max_tokens
+
+    def before_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, phys: torch.Tensor,
+                       host_offset: int) -> torch.Tensor:
+        """Split, stage and launch the CPU share of this step; the ids the GPU kernel should use."""
+        job = self.step_job
+        if self.fused:
+            from .cpu_experts.split_triton import split_and_stage
+
+            t = int(topk_ids.shape[0])
+            job.job(t)  # range check
+            gpu_ids = torch.empty_like(phys)
+            cpu_pairs = self.cpu_pairs[:t]
+            split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, host_offset, self.filler_row, self.bank.num_experts,
+                            gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters)
+            job.x[:t].copy_(x)
+        else:
+            missed = phys >= host_offset
+            split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost)
+            self.counters.add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
+                                            missed.sum(), split.cpu_pairs.sum()]))
+            t = job.stage(x, topk_ids, topk_weights, split.cpu_pairs)
+            cpu_pairs = split.cpu_pairs
+            gpu_ids = torch.where(cpu_pairs, torch.full_like(phys, self.filler_row), phys)
+        if self.launcher is None:
+            job.run(t)
+        else:
+            self.launcher.fork(job.function_address, job.job_address(t))
+        self._pending = cpu_pairs
+        return gpu_ids
+
+    def merge(self, per_k: torch.Tensor) -> torch.Tensor:
+        """The fused kernel's per-k cache with this step's CPU outputs in place (no-op without a pending step)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return per_k
+        if self.launcher is not None:
+            self.launcher.join()
+        t = pending.shape[0]
+        return self.step_job.merge(per_k.view(t, self.top_k, -1), pending).view(per_k.shape)
+
+    def abandon(self) -> bool:
+        """After the experts ran: True if the merge took the step; else join so no fork outlives it."""
+        if self._pending is None:
+            return True
+        if self.launcher is not None:
+            self.launcher.join()
+        self._pending = None
+        return False
+
+    def stats(self) -> dict[str, int]:
+        dev = dict(zip(COUNTERS, (int(v) for v in self.counters.tolist())))
+        return {**dev, **{f"cpu_{k}" if k in ("experts", "pairs") else k: v for k, v in self.step_job.stats().items()}}
+
+    def reset_stats(self) -> None:
+        self.counters.zero_()
+        self.step_job.reset_stats()
+
+
+def measure_cpu_GBps(path: LayerCpuPath, repeats: int = 3) -> float:
+    """Weight GB/s of the CPU step at batch 1 on this layer's own host rows (best of N).
+
+    Each repetition computes ``top_k`` experts not read by the previous one, so the rate is DRAM's,
+    not the last-level cache's. It runs on its own thread: the OpenMP team pins its calling thread,
+    which must not be vLLM's.
+    """
+    job, e = path.step_job, path.bank.num_experts
+    k = min(path.top_k, e)
+    device = job.ids.device
+    x = torch.zeros(1, path.bank.hidden, dtype=torch.bfloat16, device=device)
+    times: list[float] = []
+    errors: list[BaseException] = []
+
+    def timed() -> None:
+        try:
+            for r in range(repeats + 1):
+                ids = ((torch.arange(k) + r * k) % e).to(torch.int32).view(1, k).to(device)
+                job.stage(x, ids, torch.ones(1, k, device=device), torch.ones(1, k, dtype=torch.bool, device=device))
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
+                t = time.perf_counter()
+                job.run(1)
+                times.append(time.perf_counter() - t)
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=timed, name="reap-cpu-experts-calibration")
+    worker.start()
+    worker.join()
+    job.reset_stats()
+    if errors:
+        raise errors[0]
+    return k * path.bank.expert_bytes / min(times) / 1e9
+
+
+def measure_link_GBps(host_rows: torch.Tensor, repeats: int = 3) -> float:
+    """A device kernel reading host rows over the link (what a miss costs), best of N."""
+    rows = host_rows[: min(8, host_rows.shape[0])]
+    rows.sum(dtype=torch.float32)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        rows.sum(dtype=torch.float32)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return rows.numel() * rows.element_size() / best / 1e9
+
+
+def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
+    """Totals over a worker's layers: shares of misses the CPU computed, CPU GB/s achieved, the cost model."""
+    if not paths:
+        return {"enabled": False}
+    per_layer = [p.stats() for p in paths]
+    tot = {k: sum(s[k] for s in per_layer) for k in per_layer[0]}
+    cost = paths[0].cost
+    return {
+        "enabled": True,
+        "layers": len(paths),
+        **tot,
+        "cpu_share_of_missed_experts": tot["cpu_experts"] / tot["missed_experts"] if tot["missed_experts"] else None,
+        "cpu_share_of_missed_pairs": tot["cpu_pairs"] / tot["missed_pairs"] if tot["missed_pairs"] else None,
+        "cpu_GBps_achieved": tot["bytes"] / tot["ns"] if tot["ns"] else None,
+        "cpu_busy_us_per_call": tot["ns"] / 1e3 / tot["steps_with_work"] if tot["steps_with_work"] else None,
+        "measured": paths[0].measured,
+        "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
+                       "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens},
+        "threads": {"n": paths[0].step_job.threads.n, "cpus": list(paths[0].step_job.threads.cpus)},
+    }

