@@ -32,7 +32,10 @@ class Results:
 
 
 def _environment(spec: dict[str, Any]) -> None:
+    from reap_swap.benchmarks.cpu_misses import apply_environment
+
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    apply_environment(spec)
     if spec["kind"] == "reap":
         from reap_swap.server_ext import config as rc
 
@@ -193,9 +196,16 @@ def run(spec: dict[str, Any], res: Results) -> None:
         res.save("calibration", {"prompts": 4, "tokens_each": spec["gen"], "experts_loaded": swap["experts_loaded"], "bytes_copied": swap["bytes_copied"]})
         llm.collective_rpc("reap_reset_router_stats")
 
+    cpu = reap and spec.get("cpu_experts")
+    if cpu:
+        from reap_swap.benchmarks import cpu_misses
+
+        res.save("cpu_path_install", cpu_misses.stats(llm))  # warm-up and capture steps, then reset
     r1 = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
     tokens = r1.pop("tokens")[0]
     res.save("bs1", r1)
+    if cpu:
+        res.save("cpu_path_bs1", cpu_misses.stats(llm))
     res.save("tokens_bs1", tokens)
     if spec.get("ref_tokens") is not None:
         ref = spec["ref_tokens"]
@@ -204,6 +214,8 @@ def run(spec: dict[str, Any], res: Results) -> None:
     r8 = probe.decode_rate(llm, bs8, spec["gen_bs8"], spec["reps"])
     tokens8 = r8.pop("tokens")
     res.save("bs8", r8)
+    if cpu:
+        res.save("cpu_path_bs8", cpu_misses.stats(llm))
     res.save("tokens_bs8", tokens8)
     if spec.get("ref_tokens_bs8") is not None:
         res.save("identical_ids_bs8", tokens8 == spec["ref_tokens_bs8"])

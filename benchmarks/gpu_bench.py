@@ -11,6 +11,8 @@ caches or memory):
 * ``reap_30``        reap-swap, 30 % of each layer's experts resident: the experts a
                      calibration run used most (what observe + plan keep); then the
                      hit-rate sweep against the host-link law
+* ``reap_30_cpu``    ``reap_30`` with the CPU expert path (``REAP_CPU_EXPERTS=1``): each small
+                     step's misses split between the link and the host CPU (``cpu_misses``)
 
 All arms share the model (a config with the chosen expert shape, vLLM dummy
 weights) and re-seed each layer's router alike, so routing differs per layer
@@ -40,7 +42,7 @@ from . import learned_bench, learned_report
 from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
-ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30")
+ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu")
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -76,6 +78,9 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
             "profile_steps": args.profile_steps,
         },
         "reap_30": {**base, "name": "reap_30", "kind": "reap", "slots": slots30, "calibrate": True, "sweep": SWEEP if args.sweep else None},
+        # reap_30 with the CPU expert path (issue 16): the same set, part of each step's misses computed by the host CPU
+        "reap_30_cpu": {**base, "name": "reap_30_cpu", "kind": "reap", "slots": slots30, "calibrate": True, "cpu_experts": True,
+                        "profile_steps": args.profile_steps},
     }
     return [specs[a] for a in args.arms]
 
@@ -130,7 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learned.add_argument("--groups", type=int, default=2, help="groups of --batch consecutive trace requests timed together")
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
-    args.arms = [a.strip() for a in (args.arms or ",".join(names)).split(",") if a.strip()]
+    default = [a for a in names if not a.endswith("_cpu")]  # the CPU expert path needs CUDA: asked for by name
+    args.arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
     bad = [a for a in args.arms if a not in names]
     if bad or not args.arms:
         p.error(f"unknown arm(s) {bad}; choose from {', '.join(names)}")

