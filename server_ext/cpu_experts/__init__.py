@@ -6,12 +6,11 @@ missed experts the CPU computes so both pipes finish together, and fixes the ord
 CPU's per-(token, k) outputs join the stock k-sum. ``kernel`` computes experts on the CPU from the
 host bank rows in place (no second copy of the weights). Neither imports vLLM.
 
-Integration (GPU session): per MoE layer step, ``plan_split`` on the routed ids and the residency
-mask (graph-safe torch, on the device), ``group_pairs`` + ``CpuExperts.run`` on a host thread fed
-by a host callback inside the graph (or a graph split at the MoE op), and the CPU's [P, H]
-outputs ``index_copy_``'d into the fused kernel's per-k cache at ``pair_index`` before vLLM's
-``moe_sum``; the GPU kernel skips the CPU's pairs (e.g. their ids set >= E, which
-``moe_align_block_size`` ignores).
+Modules: ``split`` (the cost model and the split, torch, any device), ``split_triton`` (the same
+split plus staging as one CUDA program), ``kernel`` (the native expert kernel and its references),
+``step`` (one layer's CPU step as a native job: what a CUDA graph's host node runs), ``cuda_host``
+(mapped staging buffers, the host function on a side stream). ``server_ext.cpu_path`` puts them in
+a layer's forward; the merge into vLLM's per-k cache before ``moe_sum`` keeps stock k-sum order.
 """
 
 from .split import CostModel, SplitResult, combine, plan_split, stock_moe_sum
