@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import torch
 
+from .config import ResidencyConfigError, _bool_env, _float_env, _int_env
 from .cpu_experts.kernel import CpuThreads
 from .cpu_experts.split import CostModel, plan_split
 from .cpu_experts.step import BankRows, CpuStep, Staging
@@ -40,8 +41,7 @@ ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs")
 
 
-class CpuPathConfigError(ValueError):
-    pass
+CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
 
 
 @dataclass(frozen=True)
@@ -59,33 +59,13 @@ class CpuPathSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CpuPathSettings":
         env = os.environ if env is None else env
-        raw = env.get(ENV_CPU_EXPERTS, "").strip().lower()
-        if raw not in ("", "0", "1", "on", "off", "true", "false"):
-            raise CpuPathConfigError(f"{ENV_CPU_EXPERTS} must be 0 or 1, got {raw!r}")
-
-        def num(name: str, default: float | None, lo: float) -> float | None:
-            text = env.get(name, "").strip()
-            if not text:
-                return default
-            try:
-                value = float(text)
-            except ValueError:
-                raise CpuPathConfigError(f"{name} must be a number, got {text!r}") from None
-            if not value >= lo:
-                raise CpuPathConfigError(f"{name} must be >= {lo}, got {value}")
-            return value
-
-        link, cpu = num(ENV_LINK_GBPS, None, 1e-3), num(ENV_CPU_GBPS, None, 1e-3)
-        max_tokens = num(ENV_MAX_TOKENS, 8, 1)
-        if max_tokens is None or max_tokens != int(max_tokens):
-            raise CpuPathConfigError(f"{ENV_MAX_TOKENS} must be an integer >= 1, got {max_tokens}")
         return cls(
-            enabled=raw in ("1", "on", "true"),
-            link_GBps=link,
-            cpu_GBps=cpu,
-            fixed_us=num(ENV_FIXED_US, 40.0, 0.0) or 0.0,
-            pair_us=num(ENV_PAIR_US, 1.0, 0.0) or 0.0,
-            max_tokens=int(max_tokens),
+            enabled=_bool_env(env, ENV_CPU_EXPERTS, False),
+            link_GBps=_float_env(env, ENV_LINK_GBPS, None, 1e-3, 1e6),
+            cpu_GBps=_float_env(env, ENV_CPU_GBPS, None, 1e-3, 1e6),
+            fixed_us=_float_env(env, ENV_FIXED_US, 40.0, 0.0, 1e6) or 0.0,
+            pair_us=_float_env(env, ENV_PAIR_US, 1.0, 0.0, 1e6) or 0.0,
+            max_tokens=_int_env(env, ENV_MAX_TOKENS, 8, 1) or 8,
         )
 
     def cost(self, link_GBps: float, cpu_GBps: float) -> CostModel:
