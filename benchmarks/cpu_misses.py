@@ -127,13 +127,21 @@ def assemble(args: argparse.Namespace) -> int:
     if args.check:
         check = json.loads(Path(args.check).read_text())
         out["device_check"] = check
-        out["memcpy_GBps"] = check["memcpy"]["torch_copy"]
-        out["memcpy_GBps_note"] = "torch copy of 1 GiB, bytes copied per second (each byte is read and written)"
+        copied = check["memcpy"]["torch_copy"]
+        out["memcpy_GBps"] = 2 * copied
+        out["memcpy_copied_GBps"] = copied
+        out["read_GBps"] = check["memcpy"].get("torch_read")
+        out["memcpy_GBps_note"] = ("memory traffic of a torch copy of 1 GiB: read + write (2 x the bytes copied per second, "
+                                   "memcpy_copied_GBps); read_GBps: a read-only pass (torch sum) over the same buffer")
     cpu_bs1 = (out["dummy_routing"]["arms"].get("reap_30_cpu") or {}).get("cpu_path_bs1") or {}
     out["cpu_kernel_GBps"] = cpu_bs1.get("cpu_GBps_achieved")
     out["cpu_kernel_GBps_note"] = "weight bytes / busy time of the CPU step inside the served bs1 decode (reap_30_cpu)"
     if out.get("memcpy_GBps") and out["cpu_kernel_GBps"]:
         out["cpu_kernel_vs_memcpy"] = out["cpu_kernel_GBps"] / out["memcpy_GBps"]
+        out["cpu_kernel_vs_read"] = out["cpu_kernel_GBps"] / out["read_GBps"] if out.get("read_GBps") else None
+        calib = (cpu_bs1.get("measured") or {}).get("cpu_GBps")
+        out["cpu_kernel_GBps_alone"] = calib  # the start-up calibration: batch 1, distinct experts, the GPU idle
+        out["cpu_kernel_alone_vs_memcpy"] = calib / out["memcpy_GBps"] if calib else None
     if args.exactness:
         ex = json.loads(Path(args.exactness).read_text())
         out["exactness"] = ex
@@ -169,7 +177,8 @@ def markdown(out: dict[str, Any]) -> str:
                          f"{_f(c1.get('link_GBps_achieved'))} / {_f(c8.get('link_GBps_achieved'))} |")
         lines += ["", "| ratio | value |", "|---|---|"] + [f"| {k} | {_f(v, '.3f')} |" for k, v in sec["ratios"].items()] + [""]
     lines += ["## figures", "", "| figure | value |", "|---|---|"]
-    for k in ("cpu_kernel_GBps", "memcpy_GBps", "cpu_kernel_vs_memcpy", "max_abs_logit_delta", "greedy_agreement_256"):
+    for k in ("cpu_kernel_GBps", "cpu_kernel_GBps_alone", "memcpy_GBps", "memcpy_copied_GBps", "read_GBps", "cpu_kernel_vs_memcpy",
+              "cpu_kernel_vs_read", "cpu_kernel_alone_vs_memcpy", "max_abs_logit_delta", "greedy_agreement_256"):
         lines.append(f"| {k} | {_f(out.get(k), '.3f')} |")
     return "\n".join(lines) + "\n"
 

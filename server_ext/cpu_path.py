@@ -162,7 +162,8 @@ class LayerCpuPath:
 
     def stats(self) -> dict[str, int]:
         dev = dict(zip(COUNTERS, (int(v) for v in self.counters.tolist())))
-        return {**dev, **{f"cpu_{k}" if k in ("experts", "pairs") else k: v for k, v in self.step_job.stats().items()}}
+        host = self.step_job.stats()  # the host function's own counts (padding rows of a graph included)
+        return {**dev, **{f"host_{k}" if k in ("experts", "pairs") else k: v for k, v in host.items()}}
 
     def reset_stats(self) -> None:
         self.counters.zero_()
@@ -235,7 +236,8 @@ def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
         "cpu_share_of_missed_experts": tot["cpu_experts"] / tot["missed_experts"] if tot["missed_experts"] else None,
         "cpu_share_of_missed_pairs": tot["cpu_pairs"] / tot["missed_pairs"] if tot["missed_pairs"] else None,
         "cpu_GBps_achieved": tot["bytes"] / tot["ns"] if tot["ns"] else None,
-        "cpu_busy_us_per_call": tot["ns"] / 1e3 / tot["steps_with_work"] if tot["steps_with_work"] else None,
+        "cpu_busy_us_per_step_with_work": tot["ns"] / 1e3 / tot["steps_with_work"] if tot["steps_with_work"] else None,
+        "bad_id_layers": [i for i, s in enumerate(per_layer) if s["status"]],
         "measured": paths[0].measured,
         "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
                        "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens},

@@ -182,6 +182,14 @@ class ResidentRoutedExperts(RoutedExperts):
         if not callable(getattr(experts, "moe_sum", None)):
             raise CpuPathConfigError(
                 f"REAP_CPU_EXPERTS needs vLLM's modular fused-MoE kernel (its moe_sum step); layer {self.reap_layer_id} runs {type(experts).__name__}")
+        activation = getattr(getattr(self, "activation", None), "value", getattr(self, "activation", "silu"))
+        unsupported = [why for why, bad in (
+            (f"activation {activation!r} (the CPU kernel computes SiLU-and-mul)", str(activation).lower() != "silu"),
+            ("expert biases", getattr(self, "w13_bias", None) is not None or getattr(self, "w2_bias", None) is not None),
+            ("routing weights applied to the input", bool(getattr(self, "apply_router_weight_on_input", False))),
+        ) if bad]
+        if unsupported:
+            raise CpuPathConfigError(f"REAP_CPU_EXPERTS: layer {self.reap_layer_id} has {', '.join(unsupported)}, which the CPU expert kernel does not compute")
         w13, w2 = (bank.params[n].data for n in ("w13_weight", "w2_weight"))
         rows = BankRows(w13, w2, bank.table.host_row_offset, bank.num_experts)
         # A padding row of the slot region (zeros) if there is one, else slot 0: HBM either way.

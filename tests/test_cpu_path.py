@@ -94,7 +94,8 @@ def test_layer_step_on_the_cpu_device_splits_stages_computes_and_merges() -> Non
     assert path.merge(gpu_cache) is gpu_cache  # nothing pending: untouched
     s = cp.summarize([path])
     missed_experts = len(set(ids[~resident].tolist()))
-    assert s["missed_experts"] == missed_experts and s["cpu_experts"] == int(want.cpu_experts.sum()) == s["cpu_experts"]
+    assert s["missed_experts"] == missed_experts and s["cpu_experts"] == int(want.cpu_experts.sum()) == s["host_experts"]
+    assert s["host_pairs"] == s["cpu_pairs"] and s["bad_id_layers"] == []
     assert s["missed_pairs"] == int((~resident).sum()) and s["cpu_pairs"] == int(want.cpu_pairs.sum())
     assert s["cpu_share_of_missed_experts"] == s["cpu_experts"] / missed_experts and s["cpu_GBps_achieved"] > 0
     path.reset_stats()

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..cuda_vmm import _CudaArray
+
 _CU_MEMHOSTALLOC_PORTABLE = 0x01
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02
 
@@ -38,8 +40,7 @@ def _driver() -> ctypes.CDLL:
     lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(p), s, ctypes.c_uint]
     lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), p, ctypes.c_uint]
     lib.cuLaunchHostFunc.argtypes = [p, p, p]
-    lib.cuMemFreeHost.argtypes = [p]
-    for name in ("cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuLaunchHostFunc", "cuMemFreeHost"):
+    for name in ("cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuLaunchHostFunc"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -49,15 +50,8 @@ def _check(rc: int, what: str) -> None:
         raise CudaHostError(f"{what} failed with CUDA driver error {rc}")
 
 
-class _DeviceView:
-    """__cuda_array_interface__ of a mapped host buffer, so torch wraps it as a CUDA tensor."""
-
-    def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None}
-
-
 class MappedStaging:
-    """Pinned host buffers that the device reads and writes in place (zero-copy, UVA)."""
+    """Pinned host buffers that the device reads and writes in place (zero-copy, UVA); they live as long as the process."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -74,7 +68,7 @@ class MappedStaging:
         _check(self._cu.cuMemHostGetDevicePointer_v2(ctypes.byref(dev), host, 0), "cuMemHostGetDevicePointer")
         buf = (ctypes.c_uint8 * nbytes).from_address(int(host.value or 0))
         host_t = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
-        owner = _DeviceView(int(dev.value), nbytes)
+        owner = _CudaArray(int(dev.value), nbytes)  # torch wraps the mapped buffer as a CUDA tensor
         dev_t = torch.as_tensor(owner, device=self.device).view(dtype).view(shape)
         self._keep.extend([buf, owner])
         host_t.zero_()
@@ -92,7 +86,10 @@ class HostFunctionStream:
         """After the current stream's work so far, run ``function(argument)`` on the side stream."""
         self.stream.wait_stream(torch.cuda.current_stream())
         handle = ctypes.c_void_p(self.stream.cuda_stream)
-        _check(self._cu.cuLaunchHostFunc(handle, ctypes.c_void_p(function_address), ctypes.c_void_p(argument)), "cuLaunchHostFunc")
+        rc = self._cu.cuLaunchHostFunc(handle, ctypes.c_void_p(function_address), ctypes.c_void_p(argument))
+        if rc != 0:
+            self.join()  # no fork may outlive the step (a capture would end 'unjoined' and hide this error)
+            _check(rc, "cuLaunchHostFunc")
 
     def join(self) -> None:
         """The current stream waits for everything forked so far."""

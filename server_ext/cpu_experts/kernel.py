@@ -65,7 +65,7 @@ class CpuThreads:
     @classmethod
     def from_env(cls, default_n: int | None = None) -> "CpuThreads":
         cpus = cls.parse_cpus(os.environ.get("REAP_CPU_EXPERT_CPUS", ""))
-        n = int(os.environ.get("REAP_CPU_EXPERT_THREADS", "0")) or len(cpus) or default_n or (os.cpu_count() or 1)
+        n = int(os.environ.get("REAP_CPU_EXPERT_THREADS", "0")) or len(cpus) or default_n or len(os.sched_getaffinity(0))
         return cls(n=n, cpus=cpus)
 
 

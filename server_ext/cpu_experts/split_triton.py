@@ -66,10 +66,6 @@ def jitted(interpret: bool) -> Any:
     return triton.jit(_split_kernel)
 
 
-def cost_tensor(link_per_expert_s: float, fixed_s: float, cpu_per_expert_s: float, per_pair_s: float, device: torch.device) -> torch.Tensor:
-    return torch.tensor([link_per_expert_s, fixed_s, cpu_per_expert_s, per_pair_s], dtype=torch.float64, device=device)
-
-
 def split_and_stage(
     topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, host_offset: int, filler: int,
     num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor, st_mask: torch.Tensor,

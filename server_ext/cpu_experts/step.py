@@ -106,7 +106,8 @@ class CpuStep:
         if max_tokens < 1 or top_k < 1:
             raise ValueError(f"max_tokens and top_k must be >= 1, got {max_tokens}, {top_k}")
         cpus = (ctypes.c_int * max(1, len(threads.cpus)))(*threads.cpus)
-        lib.reap_cpu_experts_set_cpus(ctypes.cast(cpus, ctypes.c_void_p), len(threads.cpus))  # process-wide
+        if lib.reap_cpu_experts_set_cpus(ctypes.cast(cpus, ctypes.c_void_p), len(threads.cpus)) != 0:  # process-wide
+            raise ValueError(f"cannot pin the CPU expert team to {len(threads.cpus)} cores (at most 1024)")
         self.lib = lib
         self.bank = bank
         self.max_tokens = max_tokens
@@ -192,6 +193,6 @@ class CpuStep:
 
     def reset_stats(self) -> None:
         for j in self._jobs.values():
-            for f in STAT_FIELDS:
+            for f in (*STAT_FIELDS, "status"):
                 setattr(j, f, 0)
 
