@@ -96,7 +96,8 @@ def _memory(spec: dict[str, Any], init_s: float) -> dict[str, Any]:
     return mem
 
 
-REAP_KERNELS = ("remap_capture_kernel", "accumulate_kernel", "_policy_kernel", "_promote_kernel", "_exchange_kernel", "_promotions_kernel")
+REAP_KERNELS = ("remap_capture_kernel", "accumulate_kernel", "_policy_kernel", "_promote_kernel", "_exchange_kernel", "_promotions_kernel",
+                "_split_kernel")
 """reap-swap's own per-step kernels (Triton), timed on the device in a profile."""
 
 
