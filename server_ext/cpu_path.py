@@ -94,6 +94,7 @@ class LayerCpuPath:
         # CUDA: the split as one Triton program (split_triton); elsewhere plan_split's torch ops.
         self.fused = device.type == "cuda"
         self.cpu_pairs = torch.zeros(settings.max_tokens, top_k, dtype=torch.bool, device=device)
+        self.all_rows = torch.full((1,), settings.max_tokens, dtype=torch.int32, device=device)
         self.cost = cost
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
@@ -113,9 +114,15 @@ class LayerCpuPath:
         return 0 < num_tokens <= self.settings.max_tokens
 
     def before_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, phys: torch.Tensor,
-                       host_offset: int) -> torch.Tensor:
-        """Split, stage and launch the CPU share of this step; the ids the GPU kernel should use."""
+                       host_offset: int, valid_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Split, stage and launch the CPU share of this step; the ids the GPU kernel should use.
+
+        ``valid_rows`` [1] int32 (device): the step's real token rows, the rest being a captured
+        graph's padding, which never goes to the CPU (None: every row is real).
+        """
         job = self.step_job
+        if valid_rows is None:
+            valid_rows = self.all_rows
         if self.fused:
             from .cpu_experts.split_triton import split_and_stage
 
@@ -123,11 +130,12 @@ class LayerCpuPath:
             job.job(t)  # range check
             gpu_ids = torch.empty_like(phys)
             cpu_pairs = self.cpu_pairs[:t]
-            split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, host_offset, self.filler_row, self.bank.num_experts,
-                            gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters)
+            split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
+                            self.bank.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters)
             job.x[:t].copy_(x)
         else:
-            missed = phys >= host_offset
+            rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
+            missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
             split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost)
             self.counters.add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
                                             missed.sum(), split.cpu_pairs.sum()]))

@@ -235,7 +235,7 @@ class ResidentRoutedExperts(RoutedExperts):
                 phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
             cpu = self.reap_cpu_path
             if cpu is not None and cpu.takes(int(topk_ids.shape[0])):
-                phys = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset)
+                phys = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset, self.reap_arena.valid_rows)
                 try:
                     out = super().forward_modular(x=x, topk_weights=topk_weights, topk_ids=phys, shared_experts=shared_experts,
                                                   shared_experts_input=shared_experts_input)

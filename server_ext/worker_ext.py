@@ -44,7 +44,10 @@ class WorkerResidency:
         self.caches: dict[int, LayerCache] = {m.reap_layer_id: m.reap_cache for m in self.layers if m.reap_cache is not None}
         self.cfg = reap_config.from_env()
         self.arena = self.layers[0].reap_arena
-        self._valid = _ValidRows(self.arena.valid_rows) if self.caches else None
+        # The step's real row count (the rest of a captured graph's rows is padding): for the online
+        # cache's scores and the CPU expert path's split.
+        uses_valid = bool(self.caches) or any(m.reap_cpu_path is not None for m in self.layers)
+        self._valid = _ValidRows(self.arena.valid_rows) if uses_valid else None
         if self.caches:  # vLLM's warm-up and graph-capture runs promoted on dummy routing: back to the start-up set
             self.reset_caches({i: self.cfg.start_resident(i, self.num_experts, b.num_slots) for i, b in self.banks.items()}, counters=True)
             for b in self.banks.values():  # exchange counters then cover serving only, as the caches' own counters do

@@ -132,3 +132,18 @@ def test_vllm_cpu_refuses_the_cpu_path_plainly(tmp_path: Path) -> None:
                           timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "REAP_CPU_EXPERTS needs a CUDA device" in proc.stdout + proc.stderr
+
+
+@needs_native
+def test_graph_padding_rows_never_go_to_the_cpu() -> None:
+    bank, off = _layer()
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=4)
+    path = cp.LayerCpuPath(bank, 2, 0, settings, CostModel(link_GBps=1e-3, cpu_GBps=1e3, max_tokens=4), K.CpuThreads(1), torch.device("cpu"))
+    ids = torch.tensor([[5, 6], [7, 8], [9, 10]])
+    phys = ids + off
+    gpu_ids = path.before_experts(torch.zeros(3, bank.hidden, dtype=torch.bfloat16), ids, torch.ones(3, 2), phys, off,
+                                  valid_rows=torch.tensor([1], dtype=torch.int32))
+    assert torch.equal(gpu_ids[1:], phys[1:]) and bool((gpu_ids[0] == 0).all())  # only the real row's misses moved to the CPU
+    path.merge(torch.zeros(3, 2, bank.hidden, dtype=torch.bfloat16))
+    s = path.stats()
+    assert (s["missed_experts"], s["cpu_experts"], s["missed_pairs"], s["cpu_pairs"], s["host_pairs"]) == (2, 2, 2, 2, 2)

@@ -21,14 +21,15 @@ import triton.language as tl
 
 
 def _split_kernel(  # type: ignore[no-untyped-def]
-    ids_ptr, phys_ptr, w_ptr, cost_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
-    n_pairs, host_offset, filler, E, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+    ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
+    n_pairs, top_k, host_offset, filler, E, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     p = tl.arange(0, BLOCK_P)
     pm = p < n_pairs
     ids = tl.load(ids_ptr + p, mask=pm, other=0).to(tl.int32)
     phys = tl.load(phys_ptr + p, mask=pm, other=0)
-    missed = (phys >= host_offset) & pm
+    real = (p // top_k) < tl.load(valid_ptr)  # rows past the step's real count are graph padding
+    missed = (phys >= host_offset) & pm & real
     e = tl.arange(0, BLOCK_E)
     routes = (ids[None, :] == e[:, None]) & pm[None, :]  # [E, P]
     pairs = tl.sum((routes & missed[None, :]).to(tl.int32), axis=1)
@@ -67,18 +68,22 @@ def jitted(interpret: bool) -> Any:
 
 
 def split_and_stage(
-    topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, host_offset: int, filler: int,
-    num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor, st_mask: torch.Tensor,
-    st_weights: torch.Tensor, counters: torch.Tensor,
+    topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, valid_rows: torch.Tensor,
+    host_offset: int, filler: int, num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor,
+    st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
 ) -> None:
-    """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's."""
+    """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
+
+    ``valid_rows`` [1] int32 on the device: the step's real token rows; padding rows never count as
+    misses (the CPU computes nothing for them, the GPU keeps their ids).
+    """
     import os
 
     n_pairs = topk_ids.numel()
     kernel = jitted(os.environ.get("TRITON_INTERPRET") == "1")
     kernel[(1,)](
-        topk_ids, phys, topk_weights, cost, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
-        n_pairs, host_offset, filler, num_experts,
+        topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
+        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts,
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)),
         BLOCK_N=triton.next_power_of_2(num_experts + 1),
     )
