@@ -20,7 +20,7 @@ import time
 import torch
 
 from reap_swap.server_ext.cpu_experts.bench_cpu_kernel import memcpy_rates
-from reap_swap.server_ext.cpu_experts.cuda_host import HostFunctionStream, MappedStaging
+from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.kernel import CpuThreads, silu_and_mul_bf16
 from reap_swap.server_ext.cpu_experts.split import CostModel
 from reap_swap.server_ext.cpu_experts.step import BankRows
@@ -72,7 +72,7 @@ def main(out_path: str) -> int:
     settings = CpuPathSettings(enabled=True, max_tokens=8)
     cost = CostModel(link_GBps=50, cpu_GBps=50, max_tokens=8)
     filler = S if off > S else 0  # as the layer picks it: a zero padding row, else slot 0
-    path = LayerCpuPath(bank, K, filler, settings, cost, CpuThreads.from_env(), dev, MappedStaging(dev), HostFunctionStream(dev))
+    path = LayerCpuPath(bank, K, filler, settings, cost, CpuThreads.from_env(), dev, MappedStaging(dev))
     res["link_GBps"] = measure_link_GBps(w13[off:])
     res["cpu_GBps_calibration"] = measure_cpu_GBps(path)
 
@@ -115,7 +115,7 @@ def main(out_path: str) -> int:
     timing = {}
     for label, cpu_gbps in (("cpu_path", 50.0), ("cpu_never_chosen", 1e-3)):
         paths = [LayerCpuPath(bank, K, filler, settings, CostModel(link_GBps=50, cpu_GBps=cpu_gbps, max_tokens=8), CpuThreads.from_env(), dev,
-                              MappedStaging(dev), HostFunctionStream(dev)) for _ in range(24)]
+                              MappedStaging(dev)) for _ in range(24)]
         sx, sids, sw = inputs(1, g, dev)
         sids.copy_(torch.arange(S, S + K, device=dev).view(1, K))  # all 8 missed
 

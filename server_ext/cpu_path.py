@@ -4,13 +4,14 @@ Per small step (at most ``max_tokens`` tokens; prefill keeps the plain path), af
 are remapped (and, with the online cache, after its promotions -- a miss is promoted, read over
 the link, or computed on the CPU: one decision each):
 
-1. ``plan_split`` on the device chooses which missed experts the CPU computes so that the link's
-   and the CPU's shares finish together (cost model from measured rates, see ``calibrate``);
+1. the split on the device chooses which missed experts the CPU computes so that the link's and
+   the CPU's shares finish together (cost model from measured rates);
 2. the CPU pairs' ids point the fused kernel at a resident row instead (HBM, ~free), so their
-   host rows never cross the link; the step's inputs are staged for the host;
-3. the host function computes the CPU pairs from the host rows (side stream, concurrent with
-   the GPU kernel); 4. ``merge`` swaps the CPU's outputs into the kernel's per-(token, k) cache
-   just before vLLM's ``moe_sum``, so the k-sum keeps its stock order.
+   host rows never cross the link; the step's inputs are staged for the host and the step is
+   posted to the CPU team (``cpu_experts.team``) -- on CUDA all of it one Triton program;
+3. the team computes the CPU pairs from the host rows while the GPU kernel reads the link's
+   share; 4. ``merge`` waits for the team and puts its outputs into the kernel's per-(token, k)
+   cache just before vLLM's ``moe_sum``, so the k-sum keeps its stock order.
 
 Outputs differ from stock only by the CPU's arithmetic on the CPU pairs (bf16 tolerance, opt-in).
 Counters: on the device ``[missed experts, CPU experts, missed pairs, CPU pairs]`` summed over
@@ -20,7 +21,6 @@ steps; on the host the jobs' busy time and bytes (CPU GB/s achieved).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -31,6 +31,7 @@ from .config import ResidencyConfigError, _bool_env, _float_env, _int_env
 from .cpu_experts.kernel import CpuThreads
 from .cpu_experts.split import CostModel, plan_split
 from .cpu_experts.step import BankRows, CpuStep, Staging
+from .cpu_experts.team import spin_us_from_env
 
 ENV_CPU_EXPERTS = "REAP_CPU_EXPERTS"
 ENV_LINK_GBPS = "REAP_CPU_EXPERTS_LINK_GBPS"
@@ -38,7 +39,7 @@ ENV_CPU_GBPS = "REAP_CPU_EXPERTS_CPU_GBPS"
 ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
 ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
 ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
-COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs")
+COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
 
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
@@ -51,8 +52,8 @@ class CpuPathSettings:
     enabled: bool = False
     link_GBps: float | None = None
     cpu_GBps: float | None = None
-    fixed_us: float = 40.0
-    """Per layer step: staging, the host function's dispatch and the merge's wait."""
+    fixed_us: float = 25.0
+    """Per layer step: the team's pickup and grouping, its last items' tail, the merge's poll."""
     pair_us: float = 1.0
     max_tokens: int = 8
 
@@ -63,7 +64,7 @@ class CpuPathSettings:
             enabled=_bool_env(env, ENV_CPU_EXPERTS, False),
             link_GBps=_float_env(env, ENV_LINK_GBPS, None, 1e-3, 1e6),
             cpu_GBps=_float_env(env, ENV_CPU_GBPS, None, 1e-3, 1e6),
-            fixed_us=_float_env(env, ENV_FIXED_US, 40.0, 0.0, 1e6) or 0.0,
+            fixed_us=_float_env(env, ENV_FIXED_US, 25.0, 0.0, 1e6) or 0.0,
             pair_us=_float_env(env, ENV_PAIR_US, 1.0, 0.0, 1e6) or 0.0,
             max_tokens=_int_env(env, ENV_MAX_TOKENS, 8, 1) or 8,
         )
@@ -82,17 +83,19 @@ class LayerCpuPath:
     """One layer's CPU expert path: the split on the device, the CPU step, the merge."""
 
     def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
-                 threads: CpuThreads, device: torch.device, staging: Staging | None = None, launcher: Any = None):
+                 threads: CpuThreads, device: torch.device, staging: Staging | None = None):
         self.bank = bank
         self.top_k = top_k
         self.filler_row = filler_row
         self.settings = settings
         self.device = device
         self.step_job = CpuStep(bank, settings.max_tokens, top_k, threads, staging)
-        self.launcher = launcher  # cuda_host.HostFunctionStream on CUDA; None: run on this thread
+        # counters[:4] summed by the split, [4] by the merge's poll (timeouts)
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
-        # CUDA: the split as one Triton program (split_triton); elsewhere plan_split's torch ops.
+        # CUDA: split + stage + post as one Triton program, wait + merge as another (split_triton);
+        # elsewhere plan_split's torch ops and a post-and-wait from the host.
         self.fused = device.type == "cuda"
+        self.expected = torch.zeros(1, dtype=torch.int64, device=device)  # the seq this layer's last step was posted as
         self.cpu_pairs = torch.zeros(settings.max_tokens, top_k, dtype=torch.bool, device=device)
         self.all_rows = torch.full((1,), settings.max_tokens, dtype=torch.int32, device=device)
         self.cost = cost
@@ -124,28 +127,25 @@ class LayerCpuPath:
         if valid_rows is None:
             valid_rows = self.all_rows
         if self.fused:
-            from .cpu_experts.split_triton import split_and_stage
+            from .cpu_experts.split_triton import Post, split_and_stage
 
             t = int(topk_ids.shape[0])
-            job.job(t)  # range check
+            post = Post(x.contiguous(), job.x[:t], job.team.mailbox, self.expected, job.job_address(t))  # range-checks t
             gpu_ids = torch.empty_like(phys)
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
-                            self.bank.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters)
-            job.x[:t].copy_(x)
+                            self.bank.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
+                            post)
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
             split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost)
-            self.counters.add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
+            self.counters[:4].add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
                                             missed.sum(), split.cpu_pairs.sum()]))
             t = job.stage(x, topk_ids, topk_weights, split.cpu_pairs)
             cpu_pairs = split.cpu_pairs
             gpu_ids = torch.where(cpu_pairs, torch.full_like(phys, self.filler_row), phys)
-        if self.launcher is None:
             job.run(t)
-        else:
-            self.launcher.fork(job.function_address, job.job_address(t))
         self._pending = cpu_pairs
         return gpu_ids
 
@@ -154,23 +154,28 @@ class LayerCpuPath:
         pending, self._pending = self._pending, None
         if pending is None:
             return per_k
-        if self.launcher is not None:
-            self.launcher.join()
         t = pending.shape[0]
-        return self.step_job.merge(per_k.view(t, self.top_k, -1), pending).view(per_k.shape)
+        if not self.fused:
+            return self.step_job.merge(per_k.view(t, self.top_k, -1), pending).view(per_k.shape)
+        from .cpu_experts.split_triton import wait_and_merge
+
+        rows = per_k if per_k.is_contiguous() else per_k.contiguous()
+        job = self.step_job
+        wait_and_merge(rows.view(t * self.top_k, -1), job.out.view(-1, self.bank.hidden), pending.reshape(-1), job.team.mailbox,
+                       self.expected, self.counters[4:])
+        return rows.view(per_k.shape)
 
     def abandon(self) -> bool:
-        """After the experts ran: True if the merge took the step; else join so no fork outlives it."""
+        """After the experts ran: True if the merge took the step (a posted step the merge never
+        waited for still finishes on the team, in order, before the next one)."""
         if self._pending is None:
             return True
-        if self.launcher is not None:
-            self.launcher.join()
         self._pending = None
         return False
 
     def stats(self) -> dict[str, int]:
         dev = dict(zip(COUNTERS, (int(v) for v in self.counters.tolist())))
-        host = self.step_job.stats()  # the host function's own counts (padding rows of a graph included)
+        host = self.step_job.stats()  # the team's own counts
         return {**dev, **{f"host_{k}" if k in ("experts", "pairs") else k: v for k, v in host.items()}}
 
     def reset_stats(self) -> None:
@@ -179,39 +184,26 @@ class LayerCpuPath:
 
 
 def measure_cpu_GBps(path: LayerCpuPath, repeats: int = 3) -> float:
-    """Weight GB/s of the CPU step at batch 1 on this layer's own host rows (best of N).
+    """Weight GB/s of the CPU step at batch 1 on this layer's own host rows (best of N), posted from the host.
 
     Each repetition computes ``top_k`` experts not read by the previous one, so the rate is DRAM's,
-    not the last-level cache's. It runs on its own thread: the OpenMP team pins its calling thread,
-    which must not be vLLM's.
+    not the last-level cache's.
     """
     job, e = path.step_job, path.bank.num_experts
     k = min(path.top_k, e)
     device = job.ids.device
     x = torch.zeros(1, path.bank.hidden, dtype=torch.bfloat16, device=device)
     times: list[float] = []
-    errors: list[BaseException] = []
-
-    def timed() -> None:
-        try:
-            for r in range(repeats + 1):
-                ids = ((torch.arange(k) + r * k) % e).to(torch.int32).view(1, k).to(device)
-                job.stage(x, ids, torch.ones(1, k, device=device), torch.ones(1, k, dtype=torch.bool, device=device))
-                if device.type == "cuda":
-                    torch.cuda.current_stream(device).synchronize()
-                t = time.perf_counter()
-                job.run(1)
-                times.append(time.perf_counter() - t)
-        except BaseException as exc:  # re-raised on the caller's thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=timed, name="reap-cpu-experts-calibration")
-    worker.start()
-    worker.join()
+    for r in range(repeats + 1):
+        ids = ((torch.arange(k) + r * k) % e).to(torch.int32).view(1, k).to(device)
+        job.stage(x, ids, torch.ones(1, k, device=device), torch.ones(1, k, dtype=torch.bool, device=device))
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+        t = time.perf_counter()
+        job.run(1)
+        times.append(time.perf_counter() - t)
     job.reset_stats()
-    if errors:
-        raise errors[0]
-    return k * path.bank.expert_bytes / min(times) / 1e9
+    return k * path.bank.expert_bytes / min(times[1:]) / 1e9
 
 
 def measure_link_GBps(host_rows: torch.Tensor, repeats: int = 3) -> float:
@@ -249,5 +241,5 @@ def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
         "measured": paths[0].measured,
         "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
                        "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens},
-        "threads": {"n": paths[0].step_job.threads.n, "cpus": list(paths[0].step_job.threads.cpus)},
+        "threads": {"n": paths[0].step_job.threads.n, "cpus": list(paths[0].step_job.threads.cpus), "spin_us": spin_us_from_env()},
     }

@@ -172,7 +172,7 @@ class ResidentRoutedExperts(RoutedExperts):
             raise CpuPathConfigError("REAP_CPU_EXPERTS needs at least one resident slot per layer")
 
     def _build_cpu_path(self, settings: CpuPathSettings, device: torch.device) -> LayerCpuPath:
-        from .cpu_experts.cuda_host import HostFunctionStream, MappedStaging
+        from .cpu_experts.cuda_host import MappedStaging
         from .cpu_experts.kernel import CpuThreads
         from .cpu_experts.step import BankRows
 
@@ -197,8 +197,7 @@ class ResidentRoutedExperts(RoutedExperts):
         key = str(device)
         rates = _MEASURED_RATES.get(key)
         probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0)
-        path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(), device,
-                            MappedStaging(device), HostFunctionStream(device))
+        path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(), device, MappedStaging(device))
         if rates is None:
             rates = (measure_link_GBps(w13[bank.table.host_row_offset:]), measure_cpu_GBps(path))
             _MEASURED_RATES[key] = rates
@@ -240,7 +239,7 @@ class ResidentRoutedExperts(RoutedExperts):
                     out = super().forward_modular(x=x, topk_weights=topk_weights, topk_ids=phys, shared_experts=shared_experts,
                                                   shared_experts_input=shared_experts_input)
                 finally:
-                    merged = cpu.abandon()  # joins a step whose merge never ran
+                    merged = cpu.abandon()
                 if not merged:
                     raise RuntimeError(f"layer {self.reap_layer_id}: vLLM's moe_sum was not called, the CPU experts' outputs would be lost")
                 return out

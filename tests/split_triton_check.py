@@ -1,6 +1,9 @@
 """``TRITON_INTERPRET=1 python -m tests.split_triton_check``: the one-program CUDA split
-(``split_triton.py``) against ``plan_split`` (torch) on random steps and the tie cases; prints
-``split_triton == plan_split`` when every output matches exactly."""
+(``split_triton.py``) against ``plan_split`` (torch) on random steps and the tie cases, its post to
+the team's mailbox (only steps with CPU pairs; ring entry, sequence number, staged hidden states),
+and the wait-and-merge program (CPU rows replaced in place once ``done`` reaches the step, the
+others untouched; a step never finished counts a timeout). Prints ``split_triton == plan_split``
+when every check passes."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import os
 import torch
 
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
-from reap_swap.server_ext.cpu_experts.split_triton import split_and_stage
+from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, split_and_stage, wait_and_merge
 
 
 def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None) -> int:
@@ -25,8 +28,19 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
     gpu_ids, cpu_pairs = torch.empty_like(phys), torch.zeros(t, k, dtype=torch.bool)
     st_ids, st_mask, st_w = torch.zeros(t, k, dtype=torch.int32), torch.zeros(t, k, dtype=torch.uint8), torch.zeros(t, k)
     counters = torch.full((4,), 5, dtype=torch.int64)
+    x = torch.randn(t, 24).to(torch.bfloat16)
+    staged_x = torch.zeros_like(x)
+    mailbox = torch.zeros(MAILBOX_WORDS, dtype=torch.int64)
+    mailbox[0] = seq0 = int(torch.randint(0, 1000, (1,)))
+    expected = torch.full((1,), -1, dtype=torch.int64)
+    post = Post(x, staged_x, mailbox, expected, 0xABC0 + t)
     split_and_stage(ids, phys, w, cost_t, torch.tensor([valid], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs, st_ids, st_mask,
-                    st_w, counters)
+                    st_w, counters, post)
+    if int(want.n_cpu) > 0:  # posted: the job's address in the ring, then the next sequence number
+        assert int(mailbox[0]) == seq0 + 1 and int(expected) == seq0 + 1 and torch.equal(staged_x, x)
+        assert int(mailbox[16 + (seq0 + 1) % 64]) == 0xABC0 + t
+    else:  # nothing for the CPU: nothing posted, nothing staged
+        assert int(mailbox[0]) == seq0 and int(expected) == -1 and not staged_x.any() and not mailbox[16:].any()
     assert torch.equal(cpu_pairs, want.cpu_pairs), (ids, want.cpu_pairs, cpu_pairs)
     assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
     assert torch.equal(st_ids, ids.to(torch.int32)) and torch.equal(st_mask, want.cpu_pairs.to(torch.uint8)) and torch.equal(st_w, w)
@@ -55,7 +69,26 @@ def main() -> None:
         ids = torch.arange(m).view(1, m)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=50), 1 << 20, 16, 64)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=25), 1 << 20, 16, 64)
-    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts) and 16 tie cases")
+    merges = check_wait_and_merge(g)
+    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts) and 16 tie cases; {merges} merges")
+
+
+def check_wait_and_merge(g: torch.Generator) -> int:
+    n = 0
+    for t, k, h in ((1, 8, 64), (3, 4, 40), (8, 8, 32)):
+        per_k = torch.randn(t * k, h, generator=g).to(torch.bfloat16)
+        cpu_out = torch.randn(t * k, h, generator=g).to(torch.bfloat16)
+        pairs = torch.rand(t * k, generator=g) < 0.5
+        mailbox = torch.zeros(MAILBOX_WORDS, dtype=torch.int64)
+        timeouts = torch.zeros(1, dtype=torch.int64)
+        for done, limit in ((7, 1 << 24), (6, 3)):  # finished (done >= expected 7), and never finished
+            mailbox[8] = done
+            rows = per_k.clone()
+            wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([7]), timeouts, limit)
+            assert torch.equal(rows, torch.where(pairs[:, None], cpu_out, per_k))
+            n += 1
+        assert int(timeouts) == int(pairs.sum()), (timeouts, pairs.sum())  # each waiting program counts once
+    return n
 
 
 if __name__ == "__main__":

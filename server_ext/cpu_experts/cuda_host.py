@@ -1,14 +1,10 @@
-"""CUDA glue of the CPU expert path: mapped staging buffers and the step's host function.
+"""CUDA glue of the CPU expert path: pinned host buffers mapped into the device (zero-copy staging).
 
-Why these two: inside a captured CUDA graph the CPU's share of a MoE step must be a graph node,
-and the only node that runs host code is a host function (``cuLaunchHostFunc``), which may not
-call CUDA. So the device writes the step's inputs with ordinary kernels into pinned host memory
-mapped into its address space (``cuMemHostAlloc(DEVICEMAP)``), the host function computes
-from them, writes its outputs into another mapped buffer, and the device's merge reads them --
-no memcpy nodes, no host synchronisation, the same graph on every replay. The host function runs
-on a side stream forked from the MoE step's stream, so the GPU reads its own share of the misses
-over the link while the CPU computes; the step's stream waits for the side stream only at the
-merge, right before vLLM's ``moe_sum``.
+Why: inside a captured CUDA graph the CPU's share of a MoE step must not need a memcpy node or a
+host synchronisation. So the device writes the step's inputs (and posts it to the CPU team's
+mailbox) with ordinary kernels into pinned host memory mapped into its address space
+(``cuMemHostAlloc(DEVICEMAP)``); the team computes from them and writes its outputs into another
+mapped buffer, which the device's merge kernel reads -- the same graph on every replay.
 
 Driver entry points come from ``libcuda.so.1`` through ctypes (it is always there next to a
 driver; torch does not expose these calls).
@@ -39,8 +35,7 @@ def _driver() -> ctypes.CDLL:
     p, s = ctypes.c_void_p, ctypes.c_size_t
     lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(p), s, ctypes.c_uint]
     lib.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), p, ctypes.c_uint]
-    lib.cuLaunchHostFunc.argtypes = [p, p, p]
-    for name in ("cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuLaunchHostFunc"):
+    for name in ("cuMemHostAlloc", "cuMemHostGetDevicePointer_v2"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -62,7 +57,7 @@ class MappedStaging:
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(1, itemsize * int(torch.Size(shape).numel()))
         host = ctypes.c_void_p()
-        torch.cuda.init()
+        torch.cuda.synchronize(self.device)  # makes the device's primary context current (the driver calls need one)
         _check(self._cu.cuMemHostAlloc(ctypes.byref(host), nbytes, _CU_MEMHOSTALLOC_PORTABLE | _CU_MEMHOSTALLOC_DEVICEMAP), "cuMemHostAlloc")
         dev = ctypes.c_uint64()
         _check(self._cu.cuMemHostGetDevicePointer_v2(ctypes.byref(dev), host, 0), "cuMemHostGetDevicePointer")
@@ -73,24 +68,3 @@ class MappedStaging:
         self._keep.extend([buf, owner])
         host_t.zero_()
         return host_t, dev_t
-
-
-class HostFunctionStream:
-    """A side stream that runs host functions forked from, and joined back into, the current stream."""
-
-    def __init__(self, device: torch.device):
-        self._cu = _driver()
-        self.stream = torch.cuda.Stream(device=device)
-
-    def fork(self, function_address: int, argument: int) -> None:
-        """After the current stream's work so far, run ``function(argument)`` on the side stream."""
-        self.stream.wait_stream(torch.cuda.current_stream())
-        handle = ctypes.c_void_p(self.stream.cuda_stream)
-        rc = self._cu.cuLaunchHostFunc(handle, ctypes.c_void_p(function_address), ctypes.c_void_p(argument))
-        if rc != 0:
-            self.join()  # no fork may outlive the step (a capture would end 'unjoined' and hide this error)
-            _check(rc, "cuLaunchHostFunc")
-
-    def join(self) -> None:
-        """The current stream waits for everything forked so far."""
-        torch.cuda.current_stream().wait_stream(self.stream)

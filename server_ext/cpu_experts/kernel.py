@@ -168,8 +168,13 @@ def native_library() -> ctypes.CDLL | None:
     lib.reap_cpu_experts_set_cpus.restype = i32
     lib.reap_cpu_job_size.restype = ctypes.c_size_t
     lib.reap_cpu_act_size.restype = ctypes.c_size_t
-    lib.reap_cpu_step.argtypes = [p]
-    lib.reap_cpu_step.restype = None
+    lib.reap_mailbox_size.restype = ctypes.c_size_t
+    lib.reap_team_start.argtypes = [p, p, i32, i32, i64]
+    lib.reap_team_start.restype = i32
+    lib.reap_team_stop.argtypes = []
+    lib.reap_team_stop.restype = i32
+    lib.reap_team_run.argtypes = [p, p, i64]
+    lib.reap_team_run.restype = i32
     _native = lib
     return lib
 

@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
@@ -164,9 +165,10 @@ static void tile_rb_1(const uint16_t* const* W, const act_t* X, int K, float* Y)
   }
 }
 
-/* Rows [n0, n1) of W [N, K] against the group's np vectors X [np, K] -> Y [np, ldy] columns n.
- * Short tiles repeat their first row / token (the repeats' results are dropped). */
-static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X, int np, float* Y, int64_t ldy) {
+/* Rows [n0, n1) of W [N, K] against np vectors; vector q is X + (idx ? idx[q] : q) * xstride.
+ * Y[q * ldy + n - ycol0] for n in [n0, n1). Short tiles repeat their first row / vector (results dropped). */
+static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X, const int32_t* idx, int64_t xstride,
+                       int np, float* Y, int64_t ldy, int ycol0) {
   float tmp[TB * RB];
   const uint16_t* wr[RB];
   const act_t* xr[TB];
@@ -174,31 +176,99 @@ static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X,
     int nr = n1 - n < RB ? n1 - n : RB;
     for (int r = 0; r < RB; r++) wr[r] = W + (int64_t)(n + (r < nr ? r : 0)) * K;
     if (np == 1) {
-      tile_rb_1(wr, X, K, tmp);
-      for (int r = 0; r < nr; r++) Y[n + r] = tmp[r];
+      tile_rb_1(wr, X + (int64_t)(idx ? idx[0] : 0) * xstride, K, tmp);
+      for (int r = 0; r < nr; r++) Y[n + r - ycol0] = tmp[r];
       continue;
     }
     for (int p = 0; p < np; p += TB) {
       int nt = np - p < TB ? np - p : TB;
-      for (int t = 0; t < TB; t++) xr[t] = X + (int64_t)(p + (t < nt ? t : 0)) * K;
+      for (int t = 0; t < TB; t++) {
+        int q = p + (t < nt ? t : 0);
+        xr[t] = X + (int64_t)(idx ? idx[q] : q) * xstride;
+      }
       tile_rb_tb(wr, xr, K, tmp);
       for (int t = 0; t < nt; t++)
-        for (int r = 0; r < nr; r++) Y[(int64_t)(p + t) * ldy + n + r] = tmp[t * RB + r];
+        for (int r = 0; r < nr; r++) Y[(int64_t)(p + t) * ldy + n + r - ycol0] = tmp[t * RB + r];
     }
   }
 }
 
-/* Groups are experts (bank rows); pairs [off[g], off[g+1]) route to group g; pair p's output goes
- * to out row pair_dst[p] (row p when pair_dst is NULL). */
-static void experts_impl(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
-                         const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
-                         const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
-                         float* hs, void* as_, uint16_t* out, const int32_t* pair_dst, int nthreads) {
-  act_t* xs = (act_t*)xs_; /* [n_pairs, H] */
-  act_t* as = (act_t*)as_; /* [n_pairs, I] */
-  const int n13 = 2 * I;
-  const int items13 = (n13 + NB - 1) / NB;
-  const int items2 = (H + NB - 1) / NB;
+/* One call's work, shared by the threads that compute it. Groups are experts (bank rows); pairs
+ * [off[g], off[g+1]) route to group g. Two phases of dynamically handed-out items, one barrier
+ * between them:
+ *   A  (group, block of NBA intermediate rows): gate and up rows of the block for the group's pairs,
+ *      then a = bf16(bf16(silu(bf16 g)) * bf16 u) -- silu needs no other block;
+ *   B  (group, block of NB output rows): y = a W2^T for the block, out = bf16(y * routing weight)
+ *      written straight to the pair's output row.
+ * Items are small (<= 128 KB of weights) so the last ones to finish leave little idle time. */
+#define NBA 16
+typedef struct {
+  const uint16_t *w13, *w2;
+  int64_t w13_row_stride, w2_row_stride;
+  const int32_t *group_rows, *group_off;
+  int n_groups, n_pairs, H, I;
+  const act_t* x;         /* pair q's input: x + (x_idx ? x_idx[q] : q) * x_stride */
+  const int32_t* x_idx;
+  int64_t x_stride;
+  const float* pair_w;
+  const int32_t* pair_dst; /* pair q's output row (q when NULL) */
+  float* hs;               /* [n_pairs, 2I] fp32 */
+  act_t* as;               /* [n_pairs, I] */
+  uint16_t* out;           /* [*, H] */
+} work_t;
+
+static inline int items_a(const work_t* w) { return w->n_groups * ((w->I + NBA - 1) / NBA); }
+static inline int items_b(const work_t* w) { return w->n_groups * ((w->H + NB - 1) / NB); }
+
+static void item_a(const work_t* w, int it) {
+  const int per = (w->I + NBA - 1) / NBA, I = w->I, n13 = 2 * I;
+  int g = it / per, b = it % per;
+  int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
+  int n0 = b * NBA, n1 = n0 + NBA < I ? n0 + NBA : I;
+  const uint16_t* W = w->w13 + (int64_t)w->group_rows[g] * w->w13_row_stride;
+  const act_t* X = w->x_idx ? w->x : w->x + (int64_t)p0 * w->x_stride;
+  const int32_t* idx = w->x_idx ? w->x_idx + p0 : NULL;
+  float* hs = w->hs + (int64_t)p0 * n13;
+  rows_block(W, w->H, n0, n1, X, idx, w->x_stride, np, hs, n13, 0);       /* gate */
+  rows_block(W, w->H, I + n0, I + n1, X, idx, w->x_stride, np, hs, n13, 0);  /* up */
+  for (int q = 0; q < np; q++)
+    for (int i = n0; i < n1; i++) {
+      float gt = round_bf16(hs[(int64_t)q * n13 + i]), u = round_bf16(hs[(int64_t)q * n13 + I + i]);
+      float sg = round_bf16(gt / (1.0f + expf(-gt)));
+      w->as[(int64_t)(p0 + q) * I + i] = act_from_f32(sg * u);
+    }
+}
+
+static void item_b(const work_t* w, int it) {
+  const int per = (w->H + NB - 1) / NB, H = w->H;
+  int g = it / per, b = it % per;
+  int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
+  int n0 = b * NB, n1 = n0 + NB < H ? n0 + NB : H;
+  const uint16_t* W = w->w2 + (int64_t)w->group_rows[g] * w->w2_row_stride;
+  float y[TB * NB];
+  for (int q0 = 0; q0 < np; q0 += TB) {
+    int nq = np - q0 < TB ? np - q0 : TB;
+    rows_block(W, w->I, n0, n1, w->as + (int64_t)(p0 + q0) * w->I, NULL, w->I, nq, y, NB, n0);
+    for (int q = 0; q < nq; q++) {
+      int p = p0 + q0 + q;
+      uint16_t* dst = w->out + (int64_t)(w->pair_dst ? w->pair_dst[p] : p) * H;
+      for (int n = n0; n < n1; n++) dst[n] = f32_to_bf16(y[q * NB + n - n0] * w->pair_w[p]);
+    }
+  }
+}
+
+/* --- OpenMP entry (CpuExperts' native backend): one team per call ---------------------------- */
+
+int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
+                     const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
+                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
+                     float* hs, void* as_, uint16_t* out, int nthreads) {
+  work_t w = {w13, w2, w13_row_stride, w2_row_stride, group_rows, group_off, n_groups, n_pairs, H, I,
+              NULL, NULL, H, pair_w, NULL, hs, (act_t*)as_, out};
+  act_t* xs = (act_t*)xs_; /* [n_pairs, H]: the pairs' inputs as the dot kernels want them */
+  w.x = xs;
+  int ca = 0, cb = 0;
+  const int na = items_a(&w), nb = items_b(&w);
   if (nthreads < 1) nthreads = 1;
 #pragma omp parallel num_threads(nthreads)
   {
@@ -210,58 +280,20 @@ static void experts_impl(const uint16_t* w13, int64_t w13_row_stride, const uint
       const uint16_t* src = x + (int64_t)pair_tok[p] * x_stride;
       for (int k = 0; k < H; k++) xs[(int64_t)p * H + k] = to_act(src[k]);
     }
-#pragma omp for schedule(dynamic, 1)
-    for (int it = 0; it < n_groups * items13; it++) {
-      int g = it / items13, b = it % items13;
-      int p0 = group_off[g], np = group_off[g + 1] - p0;
-      int n0 = b * NB, n1 = n0 + NB < n13 ? n0 + NB : n13;
-      const uint16_t* W = w13 + (int64_t)group_rows[g] * w13_row_stride;
-      rows_block(W, H, n0, n1, xs + (int64_t)p0 * H, np, hs + (int64_t)p0 * n13, n13);
-    }
-#pragma omp for schedule(static)
-    for (int p = 0; p < n_pairs; p++) {
-      const float* h = hs + (int64_t)p * n13;
-      for (int i = 0; i < I; i++) {
-        float g = round_bf16(h[i]), u = round_bf16(h[I + i]);
-        float s = round_bf16(g / (1.0f + expf(-g)));
-        as[(int64_t)p * I + i] = act_from_f32(s * u);
-      }
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int it = 0; it < n_groups * items2; it++) {
-      int g = it / items2, b = it % items2;
-      int p0 = group_off[g], np = group_off[g + 1] - p0;
-      int n0 = b * NB, n1 = n0 + NB < H ? n0 + NB : H;
-      const uint16_t* W = w2 + (int64_t)group_rows[g] * w2_row_stride;
-      /* fp32 results land in hs (free now; the caller sizes it n_pairs * max(2I, H)) */
-      rows_block(W, I, n0, n1, as + (int64_t)p0 * I, np, hs + (int64_t)p0 * H, H);
-    }
-#pragma omp for schedule(static)
-    for (int p = 0; p < n_pairs; p++) {
-      uint16_t* dst = out + (int64_t)(pair_dst ? pair_dst[p] : p) * H;
-      for (int n = 0; n < H; n++) dst[n] = f32_to_bf16(hs[(int64_t)p * H + n] * pair_w[p]);
-    }
+    for (int it; (it = __atomic_fetch_add(&ca, 1, __ATOMIC_RELAXED)) < na;) item_a(&w, it);
+#pragma omp barrier
+    for (int it; (it = __atomic_fetch_add(&cb, 1, __ATOMIC_RELAXED)) < nb;) item_b(&w, it);
   }
-}
-
-int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
-                     const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
-                     const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
-                     float* hs, void* as_, uint16_t* out, int nthreads) {
-  experts_impl(w13, w13_row_stride, w2, w2_row_stride, group_rows, group_off, n_groups, pair_tok, pair_w, n_pairs, x,
-               x_stride, H, I, xs_, hs, as_, out, NULL, nthreads);
   return 0;
 }
 
-/* One MoE layer step of the CPU expert path, as a CUDA host function (cuLaunchHostFunc's
- * void(void*) signature) or a plain call. Everything it reads was staged by the device before it
- * runs (stream order): the step's [T, K] logical expert ids, CPU-pair mask and routing weights
- * and its [T, H] hidden states. It groups the CPU pairs by expert (ascending expert, pairs in
- * (token, k) order: group_pairs' order), computes them from the bank's host rows in place and
- * writes each pair's bf16 output at its (token, k) place of the [T, K, H] per-k buffer (other
- * places untouched: the device only reads the masked ones). Never calls CUDA, never blocks on
- * anything but its own OpenMP team. Errors cannot be raised from a host callback: a bad id
- * sets status and the step computes nothing. Field order is mirrored by step.py's ctypes. */
+/* --- one MoE layer step: the job ---------------------------------------------------------------
+ * Everything a step reads was staged before it is posted: the [T, K] logical expert ids, CPU-pair
+ * mask and routing weights and the [T, H] hidden states. The step groups the CPU pairs by expert
+ * (ascending expert, pairs in (token, k) order), computes them from the bank's host rows in place
+ * and writes each pair's bf16 output at its (token, k) row of the [T, K, H] per-k buffer (other
+ * rows untouched: the device only reads the masked ones). A bad id sets status and the step
+ * computes nothing. Field order is mirrored by step.py's ctypes. */
 typedef struct {
   const int32_t* ids;
   const uint8_t* mask;
@@ -278,8 +310,8 @@ typedef struct {
   int32_t* pair_tok;   /* [T * K] */
   int32_t* pair_dst;   /* [T * K] */
   float* pair_w;       /* [T * K] */
-  void* xs;            /* [T * K * H] act_t */
-  float* hs;           /* [T * K * max(2I, H)] */
+  void* xs;            /* [T * H] act_t */
+  float* hs;           /* [T * K * 2I] */
   void* as;            /* [T * K * I] act_t */
   int64_t calls, steps_with_work, experts, pairs, ns, bytes, status;
 } reap_cpu_job;
@@ -293,8 +325,8 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-void reap_cpu_step(void* arg) {
-  reap_cpu_job* j = (reap_cpu_job*)arg;
+/* Group the job's CPU pairs into w (single thread). Returns the number of pairs (0: nothing). */
+static int plan_job(reap_cpu_job* j, work_t* w) {
   const int64_t T = j->T, K = j->K, E = j->E, TK = T * K;
   j->calls++;
   memset(j->counts, 0, sizeof(int32_t) * (size_t)(E + 1));
@@ -302,15 +334,13 @@ void reap_cpu_step(void* arg) {
   for (int64_t q = 0; q < TK; q++) {
     if (!j->mask[q]) continue;
     int32_t e = j->ids[q];
-    if (e < 0 || e >= E) { j->status = -1; return; }
+    if (e < 0 || e >= E) { j->status = -1; return 0; }
     j->counts[e + 1]++;
     np++;
   }
-  if (np == 0) return;
-  int64_t t0 = now_ns();
-  /* groups: experts with pairs, ascending; counts[e + 1] -> running start of expert e */
+  if (np == 0) return 0;
   int ng = 0;
-  for (int64_t e = 0; e < E; e++) {
+  for (int64_t e = 0; e < E; e++) { /* counts[e + 1] -> running start of expert e */
     int32_t c = j->counts[e + 1];
     j->counts[e + 1] = j->counts[e] + c;
     if (c) {
@@ -327,12 +357,209 @@ void reap_cpu_step(void* arg) {
     j->pair_dst[p] = (int32_t)q;
     j->pair_w[p] = j->weights[q];
   }
-  experts_impl(j->w13, j->w13_row_stride, j->w2, j->w2_row_stride, j->group_rows, j->group_off, ng, j->pair_tok,
-               j->pair_w, (int)np, j->x, j->H, (int)j->H, (int)j->I, j->xs, j->hs, j->as, j->out, j->pair_dst,
-               (int)j->nthreads);
-  j->ns += now_ns() - t0;
-  j->steps_with_work++;
-  j->experts += ng;
-  j->pairs += np;
-  j->bytes += (int64_t)ng * j->expert_bytes;
+#if USE_DPBF16
+  const act_t* x = j->x; /* bf16 activations as staged */
+#else
+  act_t* xs = (act_t*)j->xs;
+  for (int64_t k = 0; k < T * j->H; k++) xs[k] = to_act(j->x[k]);
+  const act_t* x = xs;
+#endif
+  work_t v = {j->w13, j->w2, j->w13_row_stride, j->w2_row_stride, j->group_rows, j->group_off, ng, (int)np,
+              (int)j->H, (int)j->I, x, j->pair_tok, j->H, j->pair_w, j->pair_dst, j->hs, (act_t*)j->as, j->out};
+  *w = v;
+  return (int)np;
+}
+
+/* --- the team: persistent pinned threads taking steps from a mailbox -------------------------
+ * Why not a host callback + OpenMP: on the H200 host (a KVM guest) a step's fixed cost was
+ * ~0.1-0.2 ms -- the driver's callback thread waking, the OpenMP team forking, five barriers --
+ * against ~0.09 ms per expert. Here the device (or the host) posts step s by writing the job's
+ * address into ring[s % RING] and then s into seq; every team thread is already spinning on seq,
+ * thread 0 groups the pairs, all take items, and the last to finish writes s into done, which the
+ * device's merge polls. The mailbox lives in pinned host memory mapped into the device, so the
+ * split kernel posts and the merge kernel waits without leaving the stream: graph-capturable, no
+ * host synchronisation. Steps are taken strictly in order; one is in flight at a time (the poster
+ * waits for done before it posts again).
+ * Idle threads spin for spin_us after their last step, then poll every ~50 us (so a server between
+ * requests does not burn its cores; the first layer after a pause pays the poll interval). */
+#define RING 64
+typedef struct {
+  volatile int64_t seq; /* last posted step */
+  int64_t pad0[7];
+  volatile int64_t done; /* last finished step */
+  int64_t pad1[7];
+  volatile int64_t job[RING]; /* reap_cpu_job* of step s at [s % RING] */
+} reap_mailbox;
+
+size_t reap_mailbox_size(void) { return sizeof(reap_mailbox); }
+
+typedef struct {
+  int64_t v;
+  int64_t pad[7];
+} line_t;
+
+typedef struct {
+  reap_mailbox* mb;
+  int n, ncpus, oversubscribed;
+  int cpus[1024];
+  int64_t spin_ns, start_seq;
+  pthread_t th[1024];
+  int started;
+  line_t quit, ready, item_a, item_b, arrive, finished;
+  work_t w;
+  int np;
+  int64_t t0;
+  reap_cpu_job* job;
+} team_t;
+
+static team_t g_team; /* the process's one team (a registry of one) */
+static pthread_mutex_t g_team_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline void relax(uint64_t* spins, int oversub) {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+  if (oversub && (++*spins & 63) == 0) sched_yield(); /* a spinning thread must not starve the one it waits for */
+}
+
+static inline int64_t ld_acq(const volatile int64_t* p) { return __atomic_load_n((const int64_t*)p, __ATOMIC_ACQUIRE); }
+static inline void st_rel(volatile int64_t* p, int64_t v) { __atomic_store_n((int64_t*)p, v, __ATOMIC_RELEASE); }
+
+static void team_step(team_t* t, int tid, int64_t s) {
+  reap_mailbox* mb = t->mb;
+  uint64_t spins = 0;
+  if (tid == 0) {
+    while (ld_acq(&mb->done) < s - 1) relax(&spins, t->oversubscribed); /* the previous step fully done */
+    reap_cpu_job* j = (reap_cpu_job*)(intptr_t)ld_acq(&mb->job[s % RING]);
+    t->job = j;
+    t->t0 = now_ns();
+    t->np = j ? plan_job(j, &t->w) : 0;
+    __atomic_store_n(&t->item_a.v, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->item_b.v, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->arrive.v, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->finished.v, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->ready.v, s, __ATOMIC_RELEASE);
+  } else {
+    while (__atomic_load_n(&t->ready.v, __ATOMIC_ACQUIRE) < s) relax(&spins, t->oversubscribed);
+  }
+  if (t->np > 0) {
+    const work_t* w = &t->w;
+    const int na = items_a(w), nb = items_b(w);
+    for (int64_t it; (it = __atomic_fetch_add(&t->item_a.v, 1, __ATOMIC_RELAXED)) < na;) item_a(w, (int)it);
+    __atomic_fetch_add(&t->arrive.v, 1, __ATOMIC_ACQ_REL);
+    while (__atomic_load_n(&t->arrive.v, __ATOMIC_ACQUIRE) < t->n) relax(&spins, t->oversubscribed);
+    for (int64_t it; (it = __atomic_fetch_add(&t->item_b.v, 1, __ATOMIC_RELAXED)) < nb;) item_b(w, (int)it);
+  }
+  if (__atomic_fetch_add(&t->finished.v, 1, __ATOMIC_ACQ_REL) == t->n - 1) {
+    reap_cpu_job* j = t->job;
+    if (j && t->np > 0) {
+      j->ns += now_ns() - t->t0;
+      j->steps_with_work++;
+      j->experts += t->w.n_groups;
+      j->pairs += t->np;
+      j->bytes += (int64_t)t->w.n_groups * j->expert_bytes;
+    }
+    st_rel(&mb->done, s);
+  }
+}
+
+static void* team_main(void* arg) {
+  team_t* t = &g_team;
+  int tid = (int)(intptr_t)arg;
+  if (t->ncpus > 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(t->cpus[tid % t->ncpus], &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* idle polls wake on time, not 50 us late */
+  int64_t last = t->start_seq; /* not the seq now: a step may be posted before this thread first runs */
+  int64_t idle_since = now_ns();
+  uint64_t spins = 0;
+  while (!__atomic_load_n(&t->quit.v, __ATOMIC_ACQUIRE)) {
+    if (ld_acq(&t->mb->seq) > last) {
+      team_step(t, tid, ++last);
+      idle_since = now_ns();
+      continue;
+    }
+    relax(&spins, t->oversubscribed);
+    if ((spins & 1023) == 0 && now_ns() - idle_since > t->spin_ns) {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return NULL;
+}
+
+/* Start the team on a zeroed mailbox: n threads pinned to cpus[i % ncpus] (ncpus 0: unpinned).
+ * 0 ok, 1 already running on this mailbox with n threads, -1 bad arguments, -2 running elsewhere,
+ * -3 a thread could not start (none left running). */
+int reap_team_start(void* mailbox, const int* cpus, int ncpus, int n, int64_t spin_us) {
+  if (!mailbox || n < 1 || n > 1024 || ncpus < 0 || ncpus > 1024 || spin_us < 0) return -1;
+  pthread_mutex_lock(&g_team_lock);
+  team_t* t = &g_team;
+  if (t->started) {
+    int rc = (t->mb == mailbox && t->n == n) ? 1 : -2;
+    pthread_mutex_unlock(&g_team_lock);
+    return rc;
+  }
+  memset(t, 0, sizeof(*t));
+  t->mb = (reap_mailbox*)mailbox;
+  t->n = n;
+  t->ncpus = ncpus;
+  for (int i = 0; i < ncpus; i++) t->cpus[i] = cpus[i];
+  t->spin_ns = spin_us * 1000;
+  cpu_set_t mine;
+  int avail = sched_getaffinity(0, sizeof(mine), &mine) == 0 ? CPU_COUNT(&mine) : 1;
+  t->oversubscribed = ncpus > 0 ? ncpus < n : avail <= n; /* unpinned: the poster needs a core too */
+  t->start_seq = ld_acq(&t->mb->seq);
+  __atomic_store_n(&t->ready.v, t->start_seq, __ATOMIC_RELEASE);
+  for (int i = 0; i < n; i++) {
+    if (pthread_create(&t->th[i], NULL, team_main, (void*)(intptr_t)i) != 0) {
+      __atomic_store_n(&t->quit.v, 1, __ATOMIC_RELEASE);
+      for (int k = 0; k < i; k++) pthread_join(t->th[k], NULL);
+      memset(t, 0, sizeof(*t));
+      pthread_mutex_unlock(&g_team_lock);
+      return -3;
+    }
+  }
+  t->started = 1;
+  pthread_mutex_unlock(&g_team_lock);
+  return 0;
+}
+
+/* Stop and join the team (steps already posted are finished first). 0 ok, 1 none running. */
+int reap_team_stop(void) {
+  pthread_mutex_lock(&g_team_lock);
+  team_t* t = &g_team;
+  if (!t->started) {
+    pthread_mutex_unlock(&g_team_lock);
+    return 1;
+  }
+  uint64_t spins = 0;
+  while (ld_acq(&t->mb->done) < ld_acq(&t->mb->seq)) relax(&spins, 1);
+  __atomic_store_n(&t->quit.v, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < t->n; i++) pthread_join(t->th[i], NULL);
+  memset(t, 0, sizeof(*t));
+  pthread_mutex_unlock(&g_team_lock);
+  return 0;
+}
+
+/* Host-side poster: post the job as the next step and wait until the team has done it. Only when
+ * no device step is in flight on the same mailbox (calibration, CPU-only tests). 0 ok, -1 no team
+ * on this mailbox, -2 timed out (the team did not finish within timeout_ms). */
+int reap_team_run(void* mailbox, void* job, int64_t timeout_ms) {
+  team_t* t = &g_team;
+  if (!__atomic_load_n(&t->started, __ATOMIC_ACQUIRE) || t->mb != mailbox) return -1;
+  reap_mailbox* mb = t->mb;
+  int64_t s = ld_acq(&mb->seq) + 1;
+  st_rel(&mb->job[s % RING], (int64_t)(intptr_t)job);
+  st_rel(&mb->seq, s);
+  int64_t t0 = now_ns();
+  uint64_t spins = 0;
+  while (ld_acq(&mb->done) < s) {
+    relax(&spins, 1);
+    if ((spins & 1023) == 0 && now_ns() - t0 > timeout_ms * 1000000LL) return -2;
+  }
+  return 0;
 }

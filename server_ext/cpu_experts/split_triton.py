@@ -1,11 +1,19 @@
-"""The CPU expert path's per-step device work as one Triton program (semantics: ``split.plan_split``).
+"""The CPU expert path's per-step device work as two Triton programs (split semantics: ``split.plan_split``).
 
 Why: ``plan_split`` in torch ops is ~30 small kernels per MoE layer step; on the H200 24 layers of
-them cost ~3.9 ms per decode step (graph replay), more than the CPU path saves at batch 1. This
-program does the split, the GPU's ids, the staging of ids / mask / routing weights for the host
-and the counters in one launch. Costs are float64 (a [4] device tensor: Python floats would reach
-Triton as float32), the same formula as ``plan_split``; ties: fewest CPU experts, then the CPU
-takes the experts with the fewest missed pairs, then the lowest id.
+them cost ~3.9 ms per decode step (graph replay), more than the CPU path saves at batch 1.
+
+* ``split_and_stage`` (one program): the split, the GPU's ids, the staging of ids / mask / routing
+  weights / hidden states for the host, the counters, and -- when the CPU got any pair -- the post
+  of the step to the CPU team's mailbox (job address into the ring, a system-wide fence, then the
+  new sequence number; ``native_experts.c`` describes the team). Costs are float64 (a [4] device
+  tensor: Python floats would reach Triton as float32), the same formula as ``plan_split``; ties:
+  fewest CPU experts, then the CPU takes the experts with the fewest missed pairs, then the lowest id.
+* ``wait_and_merge`` (one program per (token, k)): a CPU pair's program polls the mailbox's
+  ``done`` until its step is finished, then copies the CPU's output row over the fused kernel's
+  per-k row, in place, right before vLLM's ``moe_sum``; other programs do nothing. The poll is
+  bounded: past ``WAIT_LIMIT`` reads it gives up and counts a timeout (a dead team must not hang the
+  GPU; the counter is in the path's stats).
 
 Imported only where Triton runs (CUDA, or CPU tests under ``TRITON_INTERPRET=1``).
 """
@@ -19,10 +27,22 @@ import torch
 import triton
 import triton.language as tl
 
+from .team import MAILBOX_WORDS
+
+__all__ = ["MAILBOX_WORDS", "Post", "split_and_stage", "wait_and_merge"]
+
+
+# int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
+MAILBOX_SEQ, MAILBOX_DONE, MAILBOX_RING, RING = tl.constexpr(0), tl.constexpr(8), tl.constexpr(16), tl.constexpr(64)
+WAIT_LIMIT = 1 << 24  # polls of ``done`` (each a round trip to host memory, ~1 us) before a step counts as timed out
+# FENCE: ``v`` after a system-scope fence (PTX ``fence.sc.sys``): the host sees stores before it before stores that use v.
+
 
 def _split_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
-    n_pairs, top_k, host_offset, filler, E, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, job_address,
+    n_pairs, top_k, host_offset, filler, E, n_x, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr,
 ):
     p = tl.arange(0, BLOCK_P)
     pm = p < n_pairs
@@ -59,31 +79,94 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + best.to(tl.int64))
     tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + tl.sum(missed.to(tl.int32), axis=0).to(tl.int64))
     tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + tl.sum(cpu_pair.to(tl.int32), axis=0).to(tl.int64))
+    if POST:
+        if best > 0:
+            for x0 in range(0, n_x, BLOCK_X):
+                xo = x0 + tl.arange(0, BLOCK_X)
+                tl.store(st_x_ptr + xo, tl.load(x_ptr + xo, mask=xo < n_x), mask=xo < n_x)
+            seq = tl.load(mailbox_ptr + MAILBOX_SEQ, volatile=True) + 1
+            tl.store(mailbox_ptr + MAILBOX_RING + seq % RING, job_address)
+            if FENCE:
+                seq = tl.inline_asm_elementwise("fence.sc.sys;\n mov.b64 $0, $1;", "=l,l", [seq], dtype=tl.int64, is_pure=False, pack=1)
+            tl.store(mailbox_ptr + MAILBOX_SEQ, seq)
+            tl.store(expected_ptr, seq)
 
 
-@functools.lru_cache(maxsize=2)
-def jitted(interpret: bool) -> Any:
+def _wait_merge_kernel(  # type: ignore[no-untyped-def]
+    per_k_ptr, cpu_out_ptr, cpu_pairs_ptr, mailbox_ptr, expected_ptr, timeouts_ptr, H, limit, BLOCK_H: tl.constexpr, FENCE: tl.constexpr,
+):
+    p = tl.program_id(0)
+    if tl.load(cpu_pairs_ptr + p) != 0:
+        want = tl.load(expected_ptr)
+        polls = 0
+        while (tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want) & (polls < limit):
+            polls += 1
+        if polls >= limit:
+            tl.atomic_add(timeouts_ptr, 1)
+        if FENCE:  # the outputs are read after the poll saw them done
+            want = tl.inline_asm_elementwise("fence.sc.sys;\n mov.b64 $0, $1;", "=l,l", [want], dtype=tl.int64, is_pure=False, pack=1)
+        for h0 in range(0, H, BLOCK_H):
+            ho = h0 + tl.arange(0, BLOCK_H)
+            row = tl.load(cpu_out_ptr + p * H + ho, mask=ho < H, volatile=True)
+            tl.store(per_k_ptr + p * H + ho, row, mask=ho < H)
+
+
+@functools.lru_cache(maxsize=4)
+def jitted(name: str, interpret: bool) -> Any:
     """Wrapped on first use: Triton decides between compiling and interpreting when it wraps."""
-    return triton.jit(_split_kernel)
+    return triton.jit(_split_kernel if name == "split" else _wait_merge_kernel)
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def split_and_stage(
     topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, valid_rows: torch.Tensor,
     host_offset: int, filler: int, num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor,
     st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
+    post: "Post | None" = None,
 ) -> None:
     """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
 
     ``valid_rows`` [1] int32 on the device: the step's real token rows; padding rows never count as
-    misses (the CPU computes nothing for them, the GPU keeps their ids).
+    misses (the CPU computes nothing for them, the GPU keeps their ids). With ``post``, a step that
+    gave the CPU any pair also stages ``post.x`` and posts ``post.job_address`` to the team.
     """
-    import os
-
     n_pairs = topk_ids.numel()
-    kernel = jitted(os.environ.get("TRITON_INTERPRET") == "1")
+    interpret = _interpreted()
+    kernel = jitted("split", interpret)
+    p = post or Post.none(topk_ids.device)
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
-        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts,
+        p.x, p.staged_x, p.mailbox, p.expected, p.job_address,
+        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(),
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)),
-        BLOCK_N=triton.next_power_of_2(num_experts + 1),
+        BLOCK_N=triton.next_power_of_2(num_experts + 1), BLOCK_X=1024, POST=post is not None, FENCE=not interpret,
     )
+
+
+class Post:
+    """Where a step is posted: hidden states to stage, the team's mailbox (device view), the step's expected seq."""
+
+    def __init__(self, x: torch.Tensor, staged_x: torch.Tensor, mailbox: torch.Tensor, expected: torch.Tensor, job_address: int):
+        if x.shape != staged_x.shape or x.dtype != staged_x.dtype or not (x.is_contiguous() and staged_x.is_contiguous()):
+            raise ValueError(f"hidden states {tuple(x.shape)} {x.dtype} do not fit the staging {tuple(staged_x.shape)} {staged_x.dtype}")
+        self.x, self.staged_x, self.mailbox, self.expected, self.job_address = x, staged_x, mailbox, expected, job_address
+
+    @staticmethod
+    def none(device: torch.device) -> "Post":
+        z = torch.zeros(1, dtype=torch.int64, device=device)
+        return Post(z, z, z, z, 0)
+
+
+def wait_and_merge(per_k: torch.Tensor, cpu_out: torch.Tensor, cpu_pairs: torch.Tensor, mailbox: torch.Tensor,
+                   expected: torch.Tensor, timeouts: torch.Tensor, limit: int = WAIT_LIMIT) -> None:
+    """In place: the CPU pairs' rows of ``per_k`` [T*K, H] become the team's outputs once it has finished the step."""
+    n, h = per_k.shape
+    if cpu_out.shape[1] != h or cpu_out.shape[0] < n or cpu_pairs.numel() != n or not per_k.is_contiguous():
+        raise ValueError(f"per-k rows {tuple(per_k.shape)} do not fit CPU outputs {tuple(cpu_out.shape)} / pairs {cpu_pairs.numel()}")
+    jitted("merge", _interpreted())[(n,)](per_k, cpu_out, cpu_pairs, mailbox, expected, timeouts, h, limit,
+                                          BLOCK_H=min(triton.next_power_of_2(h), 4096), FENCE=not _interpreted())

@@ -1,17 +1,19 @@
 """One MoE layer's CPU expert step: staging buffers, the native job, the merge into the k-sum.
 
 Why a job object: the CPU's share of a step must run without Python (inside a captured CUDA graph
-it is a host node calling ``reap_cpu_step`` from the driver's callback thread), so everything it
-needs -- where the device staged the step's ids, mask, routing weights and hidden states, where the
-bank's host rows are, scratch space, counters -- lives in one C struct per captured token count.
+the device posts it to the CPU team's mailbox, ``team.py``), so everything it needs -- where the
+device staged the step's ids, mask, routing weights and hidden states, where the bank's host rows
+are, scratch space, counters -- lives in one C struct per captured token count.
 
-Flow of a step (same order on CPU and CUDA; only *who calls* ``reap_cpu_step`` differs):
+Flow of a step (same order on CPU and CUDA; only *who posts and waits* differs):
 
-1. ``stage``: device ops copy ``x`` [T, H], logical ``topk_ids`` [T, K], ``topk_weights`` and the
-   split's ``cpu_pairs`` mask into staging buffers the host can read (pinned + device-mapped on
-   CUDA, so these are ordinary kernels: no memcpy node, graph-safe);
-2. the job runs: directly (``run``) or as a host function on a side stream (``cuda_host``);
-3. ``merge``: the fused kernel's per-(token, k) cache takes the CPU's outputs at the CPU pairs'
+1. staging: device ops copy ``x`` [T, H], logical ``topk_ids`` [T, K], ``topk_weights`` and the
+   split's ``cpu_pairs`` mask into buffers the host can read (pinned + device-mapped on CUDA, so
+   these are ordinary kernels: no memcpy node, graph-safe) -- ``stage`` here, or the CUDA split
+   kernel itself (``split_triton``);
+2. the team computes the job: posted from the host and waited for (``run``), or posted by the
+   split kernel and waited for by the merge kernel;
+3. merge: the fused kernel's per-(token, k) cache takes the CPU's outputs at the CPU pairs'
    places, before vLLM's own ``moe_sum`` -- the k-sum order stays stock.
 
 The staging allocator is injected (``Staging``): plain CPU tensors, or ``cuda_host.MappedStaging``.
@@ -22,25 +24,13 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from .kernel import CpuThreads, native_library, native_error
+from .team import CpuTeam, PlainStaging, Staging, process_team
 
-
-class Staging(Protocol):
-    """Host-readable buffers that device ops can write: (host view, device view) of one allocation."""
-
-    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
-class PlainStaging:
-    """CPU device: host and device views are the same tensor."""
-
-    def alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.zeros(shape, dtype=dtype)
-        return t, t
+__all__ = ["BankRows", "CpuJob", "CpuStep", "PlainStaging", "Staging"]
 
 
 class CpuJob(ctypes.Structure):
@@ -97,7 +87,8 @@ class BankRows:
 class CpuStep:
     """A layer's CPU expert step for up to ``max_tokens`` tokens with ``top_k`` experts each."""
 
-    def __init__(self, bank: BankRows, max_tokens: int, top_k: int, threads: CpuThreads, staging: Staging | None = None):
+    def __init__(self, bank: BankRows, max_tokens: int, top_k: int, threads: CpuThreads, staging: Staging | None = None,
+                 team: CpuTeam | None = None):
         lib = native_library()
         if lib is None:
             raise RuntimeError(f"the CPU expert path needs the native kernel, which did not build: {native_error()}")
@@ -105,15 +96,15 @@ class CpuStep:
             raise RuntimeError(f"native job struct is {lib.reap_cpu_job_size()} bytes, the Python mirror {ctypes.sizeof(CpuJob)}")
         if max_tokens < 1 or top_k < 1:
             raise ValueError(f"max_tokens and top_k must be >= 1, got {max_tokens}, {top_k}")
-        cpus = (ctypes.c_int * max(1, len(threads.cpus)))(*threads.cpus)
-        if lib.reap_cpu_experts_set_cpus(ctypes.cast(cpus, ctypes.c_void_p), len(threads.cpus)) != 0:  # process-wide
-            raise ValueError(f"cannot pin the CPU expert team to {len(threads.cpus)} cores (at most 1024)")
+        if len(threads.cpus) > 1024 or threads.n > 1024:
+            raise ValueError(f"the CPU expert team takes at most 1024 threads and cores, got {threads.n} / {len(threads.cpus)}")
         self.lib = lib
         self.bank = bank
         self.max_tokens = max_tokens
         self.top_k = top_k
         self.threads = threads
         staging = staging or PlainStaging()
+        self.team = team or process_team(threads, staging)
         t, k, h, i = max_tokens, top_k, bank.hidden, bank.inter
         self._ids_h, self.ids = staging.alloc((t, k), torch.int32)
         self._mask_h, self.mask = staging.alloc((t, k), torch.uint8)
@@ -129,8 +120,8 @@ class CpuStep:
             "pair_tok": torch.zeros(pairs, dtype=torch.int32),
             "pair_dst": torch.zeros(pairs, dtype=torch.int32),
             "pair_w": torch.zeros(pairs, dtype=torch.float32),
-            "xs": torch.zeros(pairs * h * act, dtype=torch.uint8),
-            "hs": torch.zeros(pairs * max(2 * i, h), dtype=torch.float32),
+            "xs": torch.zeros(t * h * act, dtype=torch.uint8),
+            "hs": torch.zeros(pairs * 2 * i, dtype=torch.float32),
             "as_": torch.zeros(pairs * i * act, dtype=torch.uint8),
         }
         self._jobs: dict[int, CpuJob] = {}
@@ -155,11 +146,6 @@ class CpuStep:
     def job_address(self, num_tokens: int) -> int:
         return ctypes.addressof(self.job(num_tokens))
 
-    @property
-    def function_address(self) -> int:
-        """``reap_cpu_step``'s address: the host function a CUDA graph node calls."""
-        return ctypes.cast(self.lib.reap_cpu_step, ctypes.c_void_p).value or 0
-
     def stage(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, cpu_pairs: torch.Tensor) -> int:
         """Device ops writing the step's inputs where the job reads them; returns T."""
         t = int(topk_ids.shape[0])
@@ -173,8 +159,8 @@ class CpuStep:
         return t
 
     def run(self, num_tokens: int) -> None:
-        """The CPU's share of a staged step, on the calling thread."""
-        self.lib.reap_cpu_step(ctypes.byref(self.job(num_tokens)))
+        """The CPU's share of a staged step, posted from the host; returns when the team has done it."""
+        self.team.run(self.job_address(num_tokens))
         self.check()
 
     def check(self) -> None:
