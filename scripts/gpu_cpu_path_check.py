@@ -1,7 +1,7 @@
 """H200 self-check of the CPU expert path's CUDA mechanisms, without vLLM (issue 16).
 
 1. the VMM host rows, granted to the CPU, read back on the CPU equal to what the GPU wrote;
-2. an eager layer step (split on the device, staging, host function on a side stream, merge)
+2. an eager layer step (split kernel stages x and posts to the team's mailbox, wait-and-merge kernel)
    equals the all-GPU per-(token, k) reference within bf16 tolerance, at T = 1 and 8;
 3. the same step captured in a CUDA graph, replayed on new inputs, still does;
 4. time per layer step of 24 chained steps in one graph (the path's fixed cost) with and without

@@ -399,7 +399,7 @@ class ReapWorkerExtension:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
         paths = [m.reap_cpu_path for m in self._reap().layers if m.reap_cpu_path is not None]
         out = cpu_path_summary(paths)
-        if out.get("bad_id_layers"):  # a host function cannot raise: it computed nothing for those steps
+        if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
                          out["bad_id_layers"])
         if reset:

@@ -124,3 +124,34 @@ def test_spin_setting_is_validated(monkeypatch):
         spin_us_from_env()
     monkeypatch.setenv("REAP_CPU_EXPERT_SPIN_US", "0")
     assert spin_us_from_env() == 0
+
+
+_EXIT_WITH_A_RUNNING_TEAM = """
+import os
+import torch
+from reap_swap.server_ext.cpu_experts import kernel as K
+from reap_swap.server_ext.cpu_experts.step import BankRows, CpuStep
+
+if __name__ == "__main__":
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])  # CI's box: the team shares two cores
+    w13 = (torch.randn(8, 64, 64) / 8).to(torch.bfloat16)
+    w2 = (torch.randn(8, 64, 32) / 6).to(torch.bfloat16)
+    step = CpuStep(BankRows(w13, w2, 0, 8), max_tokens=2, top_k=2, threads=K.CpuThreads(2))
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    step.stage(x, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.full((2, 2), 0.5), torch.ones(2, 2, dtype=torch.bool))
+    for _ in range(20):
+        step.run(2)
+    print("ran", flush=True)
+"""
+
+
+def test_a_process_exits_cleanly_with_its_team_still_running():
+    """The team is never stopped by the script: the exit hook must join its threads before the
+    mailbox is freed (a spinning thread reading freed memory crashed pytest at exit in CI)."""
+    import subprocess
+    import sys
+
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", _EXIT_WITH_A_RUNNING_TEAM], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+        assert done.stdout.strip() == "ran"

@@ -8,8 +8,9 @@ host bank rows in place (no second copy of the weights). Neither imports vLLM.
 
 Modules: ``split`` (the cost model and the split, torch, any device), ``split_triton`` (the same
 split plus staging as one CUDA program), ``kernel`` (the native expert kernel and its references),
-``step`` (one layer's CPU step as a native job: what a CUDA graph's host node runs), ``cuda_host``
-(mapped staging buffers, the host function on a side stream). ``server_ext.cpu_path`` puts them in
+``step`` (one layer's CPU step as a native job the team takes), ``team`` (the process's pinned
+native threads and the device-mapped mailbox the split kernel posts steps to and the merge kernel
+polls), ``cuda_host`` (mapped staging buffers). ``server_ext.cpu_path`` puts them in
 a layer's forward; the merge into vLLM's per-k cache before ``moe_sum`` keeps stock k-sum order.
 """
 

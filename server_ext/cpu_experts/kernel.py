@@ -17,13 +17,14 @@ Backends:
              routing weight (one extra rounding, within bf16).
   ``native`` ``native_experts.c`` built on first use with the machine's compiler for its own ISA
              (AVX-512 widening + FMA; plain C elsewhere), an OpenMP team of its own whose threads
-             pin to ``CpuThreads.cpus``. Chosen by ``auto`` when it builds.
+             pin to ``CpuThreads.cpus``. Chosen by ``auto`` when it builds. Serving runs the
+             same dot kernels from the persistent team of ``team.py`` instead.
 kt-kernel was evaluated: its MoE classes copy/repack the weights into their own buffers at load
 and return the k-sum, not per-pair outputs; its plain-layout MLP/linear are not bound to Python.
 
 Threads: ``CpuThreads`` (env ``REAP_CPU_EXPERT_THREADS``, ``REAP_CPU_EXPERT_CPUS`` e.g. ``8-15``)
 names the cores the CPU expert path may use; give it cores vLLM's own threads do not use and call
-``CpuExperts.run`` from one dedicated host thread (the graph's host callback or a worker thread).
+``CpuExperts.run`` from one dedicated host thread (serving uses the team in ``team.py``).
 The torch backends use torch's process-wide intra-op pool (``torch.set_num_threads``), so they
 are for tests and comparison, not for serving next to vLLM.
 """

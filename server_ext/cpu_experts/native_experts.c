@@ -12,14 +12,17 @@
  * a = bf16(bf16(silu(h_gate)) * h_up) (CUDA silu_and_mul), y = bf16(fp32(a W2^T) * w) (routing
  * weight applied to the fp32 accumulator, as MUL_ROUTED_WEIGHT does), one output per pair.
  *
- * Threads: one OpenMP team per call with num_threads(n); its threads pin themselves to the
- * configured cores (reap_cpu_experts_set_cpus) so vLLM's own threads keep theirs. Call it from a
- * dedicated host thread: OpenMP keeps one team per calling thread, so torch's intra-op team on
- * the main thread is neither resized nor reused. GEMM items are handed out dynamically, so a
- * thread preempted by someone else's delays only its current item. Team threads spin at the
- * barriers (libgomp's default), right for dedicated cores; on shared, oversubscribed cores run
- * the process with OMP_WAIT_POLICY=passive (a spinning thread waiting on a descheduled one
- * otherwise costs a time slice per barrier: measured 4x slower on the 2-core CI box).
+ * Threads, two entries:
+ *  - serving: the team (below) -- persistent threads pinned to the configured cores
+ *    (reap_cpu_experts_set_cpus) that take layer steps from a device-mapped mailbox; vLLM's own
+ *    threads keep their cores. Two work phases, one barrier per step.
+ *  - CpuExperts' native backend (benchmarks, tests): one OpenMP team per call with num_threads(n),
+ *    pinned the same way. Call it from a dedicated host thread: OpenMP keeps one team per calling
+ *    thread, so torch's intra-op team on the main thread is neither resized nor reused. On shared,
+ *    oversubscribed cores run with OMP_WAIT_POLICY=passive (a spinning thread waiting on a
+ *    descheduled one costs a time slice per barrier: measured 4x slower on the 2-core CI box).
+ * GEMM items are handed out dynamically in both, so a thread preempted by someone else's delays
+ * only its current item.
  */
 #define _GNU_SOURCE
 #include <math.h>

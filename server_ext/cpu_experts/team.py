@@ -14,6 +14,7 @@ restarting it when the requested threads or mailbox kind differ (tests do; a ser
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 from typing import Protocol
@@ -49,6 +50,7 @@ class CpuTeam:
     """A running native team bound to one mailbox (host view for the host, device view for kernels)."""
 
     def __init__(self, threads: CpuThreads, staging: Staging, spin_us: int):
+        self.running = False
         lib = native_library()
         if lib is None:
             raise TeamError(f"the CPU expert path needs the native kernel, which did not build: {native_error()}")
@@ -85,9 +87,13 @@ class CpuTeam:
         return int(self.mailbox_host[_DONE])
 
     def stop(self) -> None:
+        """Finish posted steps and join the threads; the mailbox may be freed only after this."""
         if self.running:
             self.lib.reap_team_stop()
             self.running = False
+
+    def __del__(self) -> None:  # the threads read the mailbox: never free it under them
+        self.stop()
 
 
 _TEAM: dict[str, CpuTeam] = {}  # registry: the process's one team
@@ -115,3 +121,12 @@ def process_team(threads: CpuThreads, staging: Staging) -> CpuTeam:
     team = CpuTeam(threads, staging, spin_us)
     _TEAM["team"] = team
     return team
+
+
+@atexit.register
+def _stop_process_team() -> None:
+    """Before interpreter teardown frees the mailbox tensor, or a spinning thread reads freed memory
+    (CI's pytest process crashed at exit this way after all tests passed)."""
+    team = _TEAM.pop("team", None)
+    if team is not None:
+        team.stop()
