@@ -5,7 +5,7 @@
 #   bash scripts/gpu_cpu_misses_session.sh check $OUT    # no vLLM needed: VMM host rows readable by the CPU,
 #                                                        # eager + graph-captured layer steps vs reference, chained
 #                                                        # 24-layer step cost, CPU kernel GB/s, memcpy
-#   bash scripts/gpu_cpu_misses_session.sh exact $OUT    # (vLLM staged) stock vs CPU path, 256 greedy tokens,
+#   bash scripts/gpu_cpu_misses_session.sh exact $OUT    # (vLLM staged) stock vs CPU path, 256 greedy tokens (EXACT_MODELS picks),
 #                                                        # small_moe and learned128_cpu: agreement, max |delta logit|
 #   bash scripts/gpu_cpu_misses_session.sh dummy $OUT    # bench-gpu: stock_offload, reap_30, reap_30_cpu (dummy routing)
 #   bash scripts/gpu_cpu_misses_session.sh learned $OUT  # bench-gpu --trace: reap_static, reap_static_cpu
@@ -29,7 +29,7 @@ check)
   (cd /tmp && timeout 200 python3 $R/scripts/gpu_cpu_path_check.py $OUT/cpu_path_check.json) > $OUT/check.log 2>&1; echo "check rc=$?"
   tail -c 4000 $OUT/check.log ;;
 exact)
-  (cd /tmp && timeout ${EXACT_TIMEOUT:-420} python3 -m reap_swap.benchmarks.cpu_exactness run --out $OUT/cpu_exactness.json --workdir $W/exact) \
+  (cd /tmp && timeout ${EXACT_TIMEOUT:-420} python3 -m reap_swap.benchmarks.cpu_exactness run --out $OUT/cpu_exactness.json --workdir $W/exact ${EXACT_MODELS:+--models $EXACT_MODELS}) \
     > $OUT/exact.log 2>&1; echo "exact rc=$?"
   tail -c 3000 $OUT/exact.log; tail -c 3000 $W/exact/arms.log ;;
 dummy)

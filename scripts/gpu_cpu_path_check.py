@@ -56,9 +56,10 @@ def main(out_path: str) -> int:
     res: dict = {}
     backing = VmmBacking(dev)
     backing.grant_host_access()
-    off = backing.host_row_offset(S, [2 * I * H * 2, H * I * 2])
-    w13 = backing.allocate(S, off, E, (2 * I, H), torch.bfloat16)
-    w2 = backing.allocate(S, off, E, (H, I), torch.bfloat16)
+    layout = backing.layout(S, E, [2 * I * H * 2, H * I * 2], pad=True)
+    off = layout.host_row_offset
+    w13 = backing.allocate(layout, layout.row_strides[0], (2 * I, H), torch.bfloat16)
+    w2 = backing.allocate(layout, layout.row_strides[1], (H, I), torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     for t, fan in ((w13, H), (w2, I)):
         t.copy_((torch.randn(t.shape, generator=g) / fan**0.5).to(torch.bfloat16).to(dev))

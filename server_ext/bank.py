@@ -5,7 +5,8 @@ Layout of every per-expert parameter (w13, w2, biases, scales), one tensor:
     rows [0, S)            slot bank   - device memory (GPU) / plain memory (CPU)
     rows [H, H + E)        host bank   - every expert, pinned host memory on CUDA
 
-``H >= S`` (a backing may pad the slot region to its page size). The routing
+``H >= S`` (a backing may pad the slot region to its page size, and rows to a divisor of it:
+``bank_layout.py``). The routing
 table ``phys_map[e]`` is ``slot(e)`` for residents and ``H + e`` otherwise,
 or, in RAM-complement mode (``exchange.py``), ``H + host_slot[e]`` over only
 ``E - S + K`` host rows (non-residents plus ``K`` spares),
@@ -17,12 +18,14 @@ the slot logic, copies and publication order below are the same everywhere.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from .bank_layout import BankLayout, contiguous_layout, page_layout
 from .exchange import ComplementLayer, ExchangeCounters
 from .host_rows import LayerHostRows, complement_owners
 from .slots import SlotMove, SlotPlan, SlotTable
@@ -33,30 +36,48 @@ class Backing(Protocol):
 
     name: str
 
-    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int: ...
+    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout: ...
 
-    def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
     def synchronize(self) -> None: ...
 
 
 class PlainBacking:
-    """One ordinary tensor on the model's device (CPU: both tiers are RAM)."""
+    """One ordinary tensor on the model's device (CPU: both tiers are RAM).
+
+    ``page`` lays the rows out as a paged backing would (padded slot region, padded row strides),
+    so the CPU runs the same strided banks the CUDA one gets.
+    """
 
     name = "plain"
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, page: int | None = None):
         self.device = device
+        self.page = page
 
-    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int:
-        return num_slots
+    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout:
+        if self.page is None:
+            return contiguous_layout(num_slots, num_experts, row_bytes)
+        return page_layout(num_slots, num_experts, row_bytes, self.page, pad)
 
-    def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty((host_offset + num_experts, *row_shape), dtype=dtype, device=self.device)
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return strided_rows(torch.empty(layout.num_rows * row_stride, dtype=torch.uint8, device=self.device), layout.num_rows,
+                            row_stride, row_shape, dtype)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def strided_rows(raw: torch.Tensor, num_rows: int, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``[num_rows, *row_shape]`` over the bytes ``raw``, rows ``row_stride`` bytes apart, each row contiguous."""
+    size = torch.empty((), dtype=dtype).element_size()
+    if row_stride % size or row_stride < math.prod(row_shape) * size or raw.numel() < num_rows * row_stride:
+        raise ValueError(f"row stride {row_stride} B does not fit rows of {row_shape} {dtype} in {raw.numel()} B")
+    flat = raw[: num_rows * row_stride].view(dtype)
+    inner = [math.prod(row_shape[i + 1:]) for i in range(len(row_shape))]
+    return flat.as_strided((num_rows, *row_shape), (row_stride // size, *inner))
 
 
 @dataclass(frozen=True)
@@ -131,7 +152,9 @@ class ExpertBank:
         self.phys_map = phys_map
         self.backing = backing
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
-        host_offset = backing.host_row_offset(num_slots, list(self.row_bytes.values()))
+        # RAM-complement host rows are exchanged as contiguous byte spans: no row padding there
+        self.layout = backing.layout(num_slots, num_experts, list(self.row_bytes.values()), pad=complement is None)
+        host_offset = self.layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         self.complement: ComplementLayer | None = None
         if complement is None:
@@ -146,7 +169,9 @@ class ExpertBank:
             sources = [owners]
         host_owner = sources[0]
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
-        phys = {n: backing.allocate(num_slots, host_offset, len(host_owner), tuple(p.shape[1:]), p.dtype) for n, p in params.items()}
+        layout = self.layout = BankLayout(host_offset, self.layout.row_strides, host_offset + len(host_owner))
+        phys = {n: backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
+                for (n, p), stride in zip(params.items(), layout.row_strides)}
         with torch.no_grad():
             for n, p in params.items():
                 dst, src = phys.pop(n), p.data
@@ -184,8 +209,8 @@ class ExpertBank:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes of the slot region (device memory on CUDA), padding rows included."""
-        return self.table.host_row_offset * self.expert_bytes
+        """Bytes of the slot region (device memory on CUDA), padding rows and row padding included."""
+        return self.table.host_row_offset * sum(self.layout.row_strides)
 
     @property
     def host_rows(self) -> int:
@@ -197,8 +222,8 @@ class ExpertBank:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of the host rows (pinned host memory on CUDA)."""
-        return self.host_rows * self.expert_bytes
+        """Bytes of the host rows (pinned host memory on CUDA), row padding included."""
+        return self.host_rows * sum(self.layout.row_strides)
 
     @property
     def counters(self) -> ExchangeCounters:

@@ -8,7 +8,8 @@ for the GPU. To the fused-MoE kernel it is one ordinary [rows, ...] tensor:
 slot rows read at HBM speed, host rows over the host link, addresses never
 move (CUDA graphs stay valid) and swaps are plain row copies inside it.
 Allocation granularity is 2 MiB on the H200 (measured, see shared notes), so
-the slot region is padded to whole pages with unused rows.
+the slot region is padded to whole pages with unused rows, and rows of awkward
+sizes are padded to a divisor of the page (``bank_layout.py``).
 
 In RAM-complement mode (``exchange.py``) the host region has only ``E - S + K``
 rows; an eviction is a D2H row copy into a spare host row of the same range
@@ -18,10 +19,12 @@ and a promotion an H2D copy out of one, so no remapping happens at swap time
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
+
+from .bank import strided_rows
+from .bank_layout import BankLayout, page_layout
 
 try:  # cuda-bindings >= 12.6 layout, then the older cuda-python one
     from cuda.bindings import driver as cu  # type: ignore[import-not-found]
@@ -80,17 +83,14 @@ class VmmBacking:
         flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         return int(_check(cu.cuMemGetAllocationGranularity(prop, flag)))
 
-    def host_row_offset(self, num_slots: int, row_bytes: list[int]) -> int:
-        """Smallest row count >= num_slots whose bytes are whole pages for every parameter."""
-        step = 1
-        for rb in row_bytes:
-            step = math.lcm(step, self.granularity // math.gcd(rb, self.granularity))
-        return -(-num_slots // step) * step
+    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout:
+        """Host rows start on a page boundary in every parameter (``bank_layout.page_layout``)."""
+        return page_layout(num_slots, num_experts, row_bytes, self.granularity, pad)
 
-    def allocate(self, num_slots: int, host_offset: int, num_experts: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        row_bytes = math.prod(row_shape) * torch.empty((), dtype=dtype).element_size()
-        dev_bytes = host_offset * row_bytes
-        host_bytes = -(-(num_experts * row_bytes) // self.granularity) * self.granularity
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        host_offset, num_rows = layout.host_row_offset, layout.num_rows
+        dev_bytes = host_offset * row_stride
+        host_bytes = -(-((num_rows - host_offset) * row_stride) // self.granularity) * self.granularity
         if dev_bytes % self.granularity:
             raise VmmError("slot region is not page aligned")
         total = dev_bytes + host_bytes
@@ -112,10 +112,9 @@ class VmmBacking:
         _check(cu.cuMemSetAccess(ptr, total, [access], 1))
         if self.host_readable and host_bytes:
             self._grant(ptr + dev_bytes, host_bytes)
-        owner = _CudaArray(ptr, (host_offset + num_experts) * row_bytes)
+        owner = _CudaArray(ptr, num_rows * row_stride)
         self._keep.append(owner)
-        raw = torch.as_tensor(owner, device=self.device)
-        return raw.view(dtype).view(host_offset + num_experts, *row_shape)
+        return strided_rows(torch.as_tensor(owner, device=self.device), num_rows, row_stride, row_shape, dtype)
 
     def grant_host_access(self) -> None:
         """Let this process's CPU threads read the host rows at their (unified) addresses.

@@ -39,15 +39,17 @@ def copy_rows_reference(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: 
         t.index_copy_(0, b, t.index_select(0, a))
 
 
-def as_words(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The tensor as a flat array of 32-bit words (bytes when a row is not word-sized), and words per row."""
-    if not t.is_contiguous():
-        raise ValueError("the promotion copy needs contiguous bank tensors")
-    row_bytes = t[0].numel() * t.element_size()
-    flat = t.view(-1).view(torch.uint8)
-    if row_bytes % 4 == 0 and t.data_ptr() % 4 == 0:
-        return flat.view(torch.int32), row_bytes // 4
-    return flat, row_bytes
+def as_words(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """The tensor as a flat array of 32-bit words (bytes when a row is not word-sized), words per row,
+    and words from one row to the next (more than a row in padded banks)."""
+    size = t.element_size()
+    if not t[0].is_contiguous() or t.stride(0) < t[0].numel():
+        raise ValueError("the promotion copy needs bank rows that are contiguous and do not overlap")
+    row_bytes, stride_bytes = t[0].numel() * size, t.stride(0) * size
+    flat = t.as_strided((t.shape[0] * t.stride(0),), (1,)).view(torch.uint8)
+    if row_bytes % 4 == 0 and stride_bytes % 4 == 0 and t.data_ptr() % 4 == 0:
+        return flat.view(torch.int32), row_bytes // 4, stride_bytes // 4
+    return flat, row_bytes, stride_bytes
 
 
 def copy_rows_triton(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: torch.Tensor, src_offset: int, dst: torch.Tensor, dst_offset: int,
@@ -57,9 +59,9 @@ def copy_rows_triton(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: tor
     kernel = promote_triton.jitted(os.environ.get("TRITON_INTERPRET", "0") == "1")
     flags = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
     for t in rows:
-        words, row_words = as_words(t)
+        words, row_words, row_stride = as_words(t)
         grid = (int(valid.shape[0]), -(-row_words // block))
-        kernel[grid](words, flags, src, dst, row_words, src_offset, dst_offset, BLOCK=block, num_warps=4)
+        kernel[grid](words, flags, src, dst, row_words, row_stride, src_offset, dst_offset, BLOCK=block, num_warps=4)
 
 
 def copy_rows(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: torch.Tensor, src_offset: int, dst: torch.Tensor, dst_offset: int) -> None:
@@ -103,9 +105,9 @@ def exchange_rows_triton(rows: Sequence[torch.Tensor], host_row_offset: int, val
     flags = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
     ev = evict.view(torch.uint8) if evict.dtype == torch.bool else evict
     for t in rows:
-        words, row_words = as_words(t)
+        words, row_words, row_stride = as_words(t)
         grid = (int(valid.shape[0]), -(-row_words // block))
-        kernel[grid](words, flags, ev, src, slot, dst, row_words, host_row_offset, BLOCK=block, num_warps=4)
+        kernel[grid](words, flags, ev, src, slot, dst, row_words, row_stride, host_row_offset, BLOCK=block, num_warps=4)
 
 
 def exchange_rows(rows: Sequence[torch.Tensor], host_row_offset: int, valid: torch.Tensor, evict: torch.Tensor, src: torch.Tensor,

@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 
-def _promote_kernel(buf_ptr, valid_ptr, src_ptr, dst_ptr, row_words, src_offset, dst_offset, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+def _promote_kernel(buf_ptr, valid_ptr, src_ptr, dst_ptr, row_words, row_stride, src_offset, dst_offset, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     """One program per (pair, chunk of a row): row ``src_offset + src[i]`` -> row ``dst_offset + dst[i]``;
-    a pair not taken exits before reading a row."""
+    a pair not taken exits before reading a row. Rows are ``row_stride`` words apart (padded banks)."""
     pair = tl.program_id(0)
     if tl.load(valid_ptr + pair) == 0:
         return
@@ -23,11 +23,11 @@ def _promote_kernel(buf_ptr, valid_ptr, src_ptr, dst_ptr, row_words, src_offset,
     dst = tl.load(dst_ptr + pair).to(tl.int64) + dst_offset
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row_words
-    v = tl.load(buf_ptr + src * row_words + offs, mask=mask)
-    tl.store(buf_ptr + dst * row_words + offs, v, mask=mask)
+    v = tl.load(buf_ptr + src * row_stride + offs, mask=mask)
+    tl.store(buf_ptr + dst * row_stride + offs, v, mask=mask)
 
 
-def _exchange_kernel(buf_ptr, valid_ptr, evict_ptr, src_ptr, slot_ptr, dst_ptr, row_words, host_row_offset, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+def _exchange_kernel(buf_ptr, valid_ptr, evict_ptr, src_ptr, slot_ptr, dst_ptr, row_words, row_stride, host_row_offset, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
     """RAM-complement promotion, both directions in one program per (pair, chunk): the victim's slot
     chunk is read, the candidate's host chunk is read, the first is written to the spare row (D2H) and
     the second into the slot (H2D). Each element's slot load and store are the same thread's accesses
@@ -39,12 +39,12 @@ def _exchange_kernel(buf_ptr, valid_ptr, evict_ptr, src_ptr, slot_ptr, dst_ptr, 
     src = tl.load(src_ptr + pair).to(tl.int64) + host_row_offset
     offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row_words
-    incoming = tl.load(buf_ptr + src * row_words + offs, mask=mask)
+    incoming = tl.load(buf_ptr + src * row_stride + offs, mask=mask)
     if tl.load(evict_ptr + pair) != 0:
         dst = tl.load(dst_ptr + pair).to(tl.int64) + host_row_offset
-        outgoing = tl.load(buf_ptr + slot * row_words + offs, mask=mask)
-        tl.store(buf_ptr + dst * row_words + offs, outgoing, mask=mask)
-    tl.store(buf_ptr + slot * row_words + offs, incoming, mask=mask)
+        outgoing = tl.load(buf_ptr + slot * row_stride + offs, mask=mask)
+        tl.store(buf_ptr + dst * row_stride + offs, outgoing, mask=mask)
+    tl.store(buf_ptr + slot * row_stride + offs, incoming, mask=mask)
 
 
 @functools.lru_cache(maxsize=2)

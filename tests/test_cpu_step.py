@@ -116,3 +116,33 @@ def test_one_program_cuda_split_equals_plan_split() -> None:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "split_triton == plan_split" in proc.stdout
+
+
+@pytest.mark.parametrize("h,i", [(64, 24), (96, 48)])
+def test_step_reads_padded_bank_rows(h, i):
+    """A paged bank pads awkward rows (learned128: 6 KiB -> 8 KiB, bank_layout.py): the step follows the
+    row stride and never reads the padding (filled with NaN here)."""
+    from reap_swap.server_ext.bank import strided_rows
+
+    e, offset, t, k = 16, 4, 2, 8
+    ref_bank, w13, w2 = _bank(e, h, i, offset=offset, seed=7)
+    rows = offset + e
+    strides = [1 << (2 * i * h * 2 - 1).bit_length(), 1 << (h * i * 2 - 1).bit_length()]
+    p13 = strided_rows(torch.full((rows * strides[0] // 2,), float("nan"), dtype=torch.bfloat16).view(torch.uint8), rows, strides[0], (2 * i, h), torch.bfloat16)
+    p2 = strided_rows(torch.full((rows * strides[1] // 2,), float("nan"), dtype=torch.bfloat16).view(torch.uint8), rows, strides[1], (h, i), torch.bfloat16)
+    p13.copy_(ref_bank.w13)
+    p2.copy_(ref_bank.w2)
+    assert p13.stride(0) * 2 > 2 * i * h * 2  # really padded
+    bank = BankRows(p13, p2, offset, e)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    w = torch.softmax(torch.randn(t, k, generator=g), -1)
+    mask = torch.ones(t, k, dtype=torch.bool)
+    step = CpuStep(bank, max_tokens=t, top_k=k, threads=K.CpuThreads(2))
+    step.stage(x, ids, w, mask)
+    step.run(t)
+    want = _reference_per_k(x, w13, w2, ids.long(), w, mask)
+    got = step.out[:t]
+    assert bool(torch.isfinite(got.float()).all())
+    assert float((got.float() - want.float()).abs().max()) <= 2**-6 * float(want.float().abs().max())

@@ -1,0 +1,81 @@
+"""Where a bank's rows go in a paged range: the host-row offset and each parameter's row stride.
+
+A backing whose memory comes in pages (CUDA VMM: 2 MiB) must start the host region on a page
+boundary in every parameter's tensor, and all parameters share one row index space. With rows of
+awkward sizes that pads the slot region a lot: a 6 KiB row needs 1024 rows per whole number of
+pages, so a 128-expert layer of such rows would have 1152 physical rows -- past what vLLM's
+``moe_align_block_size`` takes (the row count rounded up to 32 must stay below 1024), and the
+model cannot run. Padding each row to a divisor of the page (6 KiB -> 8 KiB: 256 rows per page)
+keeps the count small. ``page_layout`` weighs the two (and rounding rows over a page up to whole
+pages) and takes the layout with the fewest bytes among those the fused-MoE kernel accepts.
+Pure arithmetic: no torch, no CUDA.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# vLLM's moe_align_block_size: TORCH_CHECK(round_up(num_experts, 32) < 1024)
+MAX_PHYSICAL_ROWS = 992
+
+
+@dataclass(frozen=True)
+class BankLayout:
+    """Slot rows ``[0, num_slots)``, padding rows up to ``host_row_offset``, then the host rows;
+    parameter ``i``'s rows are ``row_strides[i]`` bytes apart (>= its row's bytes)."""
+
+    host_row_offset: int
+    row_strides: tuple[int, ...]
+    num_rows: int
+
+    def region_bytes(self, page: int) -> tuple[int, ...]:
+        """Each parameter's reserved bytes: the slot region plus the host region rounded to pages."""
+        host = self.num_rows - self.host_row_offset
+        return tuple(self.host_row_offset * s + -(-(host * s) // page) * page for s in self.row_strides)
+
+
+def contiguous_layout(num_slots: int, num_experts: int, row_bytes: Sequence[int]) -> BankLayout:
+    """No pages: host rows right after the slots, rows back to back."""
+    return BankLayout(num_slots, tuple(row_bytes), num_slots + num_experts)
+
+
+def _stride_choices(row_bytes: int, page: int, pad: bool) -> list[int]:
+    if row_bytes <= 0:
+        raise ValueError(f"row bytes must be positive, got {row_bytes}")
+    choices = [row_bytes]
+    if not pad or row_bytes % page == 0 or page % row_bytes == 0:
+        return choices
+    if row_bytes < page:  # the smallest divisor of the page that holds the row
+        k = page // row_bytes
+        while page % k:
+            k -= 1
+        choices.append(page // k)
+    else:
+        choices.append(-(-row_bytes // page) * page)
+    return choices
+
+
+def page_layout(num_slots: int, num_experts: int, row_bytes: Sequence[int], page: int, pad: bool = True,
+                max_rows: int | None = MAX_PHYSICAL_ROWS) -> BankLayout:
+    """The layout with the host region page-aligned in every parameter: fewest bytes among those
+    with at most ``max_rows`` physical rows (fewest rows if none qualifies; the caller reports it).
+    ``pad=False`` keeps rows back to back (callers whose copies assume contiguous rows)."""
+    if num_slots < 0 or num_experts < 1 or page < 1 or not row_bytes:
+        raise ValueError(f"bad bank shape: {num_slots} slots, {num_experts} experts, rows {list(row_bytes)}, page {page}")
+    best: tuple[tuple[bool, int, int, int], BankLayout] | None = None
+    for strides in itertools.product(*(_stride_choices(rb, page, pad) for rb in row_bytes)):
+        step = 1
+        for s in strides:
+            step = math.lcm(step, page // math.gcd(s, page))
+        offset = -(-num_slots // step) * step
+        layout = BankLayout(offset, tuple(strides), offset + num_experts)
+        too_many = max_rows is not None and layout.num_rows > max_rows
+        padded = sum(s != rb for s, rb in zip(strides, row_bytes))
+        key = (too_many, layout.num_rows if too_many else sum(layout.region_bytes(page)), padded, layout.num_rows)
+        if best is None or key < best[0]:
+            best = (key, layout)
+    assert best is not None
+    return best[1]
