@@ -37,6 +37,15 @@ class BankLayout:
         return tuple(self.host_row_offset * s + -(-(host * s) // page) * page for s in self.row_strides)
 
 
+def check_kernel_rows(layout: BankLayout) -> BankLayout:
+    """Refuse at load a bank the fused-MoE kernel would refuse at its first large step."""
+    if layout.num_rows > MAX_PHYSICAL_ROWS:
+        raise ValueError(f"the expert bank needs {layout.num_rows} physical rows (host rows from {layout.host_row_offset}, "
+                         f"row strides {list(layout.row_strides)} B); vLLM's moe_align_block_size takes at most "
+                         f"{MAX_PHYSICAL_ROWS}: use fewer slots or the full host copy (rows are padded only there)")
+    return layout
+
+
 def contiguous_layout(num_slots: int, num_experts: int, row_bytes: Sequence[int]) -> BankLayout:
     """No pages: host rows right after the slots, rows back to back."""
     return BankLayout(num_slots, tuple(row_bytes), num_slots + num_experts)

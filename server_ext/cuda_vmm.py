@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .bank import strided_rows
-from .bank_layout import BankLayout, page_layout
+from .bank_layout import BankLayout, check_kernel_rows, page_layout
 
 try:  # cuda-bindings >= 12.6 layout, then the older cuda-python one
     from cuda.bindings import driver as cu  # type: ignore[import-not-found]
@@ -85,7 +85,10 @@ class VmmBacking:
 
     def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout:
         """Host rows start on a page boundary in every parameter (``bank_layout.page_layout``)."""
-        return page_layout(num_slots, num_experts, row_bytes, self.granularity, pad)
+        try:
+            return check_kernel_rows(page_layout(num_slots, num_experts, row_bytes, self.granularity, pad))
+        except ValueError as e:
+            raise VmmError(str(e)) from None
 
     def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         host_offset, num_rows = layout.host_row_offset, layout.num_rows

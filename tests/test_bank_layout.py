@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from reap_swap.server_ext.bank import ExpertBank, PlainBacking, strided_rows
-from reap_swap.server_ext.bank_layout import MAX_PHYSICAL_ROWS, BankLayout, contiguous_layout, page_layout
+from reap_swap.server_ext.bank_layout import MAX_PHYSICAL_ROWS, BankLayout, check_kernel_rows, contiguous_layout, page_layout
 from reap_swap.server_ext.promote import copy_rows_reference, copy_rows_triton
 
 PAGE = 2 * 2**20
@@ -36,6 +36,9 @@ def test_learned128_rows_fit_vllm_after_padding() -> None:
     _check_paged(layout, 38, 128, rows, PAGE)
     assert layout.row_strides == (8192, 4096) and layout.num_rows == 640
     assert sum(layout.region_bytes(PAGE)) < sum(unpadded.region_bytes(PAGE))
+    assert check_kernel_rows(layout) is layout
+    with pytest.raises(ValueError, match="2176 physical rows"):  # RAM-complement banks keep rows unpadded
+        check_kernel_rows(unpadded)
 
 
 def test_page_multiple_rows_are_never_padded() -> None:
