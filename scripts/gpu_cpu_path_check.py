@@ -13,6 +13,7 @@ Usage: python scripts/gpu_cpu_path_check.py OUT.json   (REAP_CPU_EXPERT_CPUS pic
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 import json
 import sys
 import time
@@ -49,6 +50,22 @@ def inputs(t: int, g: torch.Generator, dev: torch.device) -> tuple[torch.Tensor,
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t)])
     w = torch.softmax(torch.randn(t, K, generator=g), -1)
     return x.to(dev), ids.to(dev), w.to(dev)
+
+
+def kernel_times(replay: Callable[[], None], replays: int, layers: int) -> dict[str, float]:
+    """Device time per layer step of the path's own kernels (split + post, wait + merge), from a profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        for name in ("_split_kernel", "_wait_merge_kernel"):
+            if name in ev.key:
+                out[name] = out.get(name, 0.0) + ev.device_time_total / (replays * layers)
+    return out
 
 
 def main(out_path: str) -> int:
@@ -143,7 +160,8 @@ def main(out_path: str) -> int:
             samples.append(time.perf_counter() - t0)
         samples.sort()
         st = [p.stats() for p in paths]
-        timing[label] = {"median_ms_24_layers": samples[len(samples) // 2] * 1e3, "cpu_experts_per_layer_step": st[0]["cpu_experts"] / max(1, st[0]["calls"])}
+        timing[label] = {"median_ms_24_layers": samples[len(samples) // 2] * 1e3, "cpu_experts_per_layer_step": st[0]["cpu_experts"] / max(1, st[0]["calls"]),
+                         "device_us_per_layer_step": kernel_times(graph.replay, replays=5, layers=len(paths))}
     res["chain_24_layers_T1"] = timing
     res["memcpy"] = {k: v["GBps"] for k, v in memcpy_rates(1024, 3).items()}
     res["threads"] = {"n": path.step_job.threads.n, "cpus": list(path.step_job.threads.cpus)}
