@@ -36,7 +36,7 @@ class Backing(Protocol):
 
     name: str
 
-    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout: ...
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout: ...
 
     def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
 
@@ -56,10 +56,10 @@ class PlainBacking:
         self.device = device
         self.page = page
 
-    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout:
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
         if self.page is None:
-            return contiguous_layout(num_slots, num_experts, row_bytes)
-        return page_layout(num_slots, num_experts, row_bytes, self.page, pad)
+            return contiguous_layout(num_slots, host_rows, row_bytes)
+        return page_layout(num_slots, host_rows, row_bytes, self.page, pad)
 
     def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return strided_rows(torch.empty(layout.num_rows * row_stride, dtype=torch.uint8, device=self.device), layout.num_rows,
@@ -152,10 +152,6 @@ class ExpertBank:
         self.phys_map = phys_map
         self.backing = backing
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
-        # RAM-complement host rows are exchanged as contiguous byte spans: no row padding there
-        self.layout = backing.layout(num_slots, num_experts, list(self.row_bytes.values()), pad=complement is None)
-        host_offset = self.layout.host_row_offset
-        self.table = SlotTable(num_experts, num_slots, host_offset)
         self.complement: ComplementLayer | None = None
         if complement is None:
             sources = [list(range(num_experts))]  # host row r holds expert r
@@ -168,8 +164,11 @@ class ExpertBank:
             owners = complement_owners(num_experts, residents, host_rows)
             sources = [owners]
         host_owner = sources[0]
+        # RAM-complement host rows are exchanged as contiguous byte spans: no row padding there
+        layout = self.layout = backing.layout(num_slots, len(host_owner), list(self.row_bytes.values()), pad=complement is None)
+        host_offset = layout.host_row_offset
+        self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
-        layout = self.layout = BankLayout(host_offset, self.layout.row_strides, host_offset + len(host_owner))
         phys = {n: backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
                 for (n, p), stride in zip(params.items(), layout.row_strides)}
         with torch.no_grad():

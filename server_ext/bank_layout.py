@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# vLLM's moe_align_block_size: TORCH_CHECK(round_up(num_experts, 32) < 1024)
+# vLLM's moe_align_block_size: TORCH_CHECK(round_up(host_rows, 32) < 1024)
 MAX_PHYSICAL_ROWS = 992
 
 
@@ -46,9 +46,9 @@ def check_kernel_rows(layout: BankLayout) -> BankLayout:
     return layout
 
 
-def contiguous_layout(num_slots: int, num_experts: int, row_bytes: Sequence[int]) -> BankLayout:
+def contiguous_layout(num_slots: int, host_rows: int, row_bytes: Sequence[int]) -> BankLayout:
     """No pages: host rows right after the slots, rows back to back."""
-    return BankLayout(num_slots, tuple(row_bytes), num_slots + num_experts)
+    return BankLayout(num_slots, tuple(row_bytes), num_slots + host_rows)
 
 
 def _stride_choices(row_bytes: int, page: int, pad: bool) -> list[int]:
@@ -67,20 +67,20 @@ def _stride_choices(row_bytes: int, page: int, pad: bool) -> list[int]:
     return choices
 
 
-def page_layout(num_slots: int, num_experts: int, row_bytes: Sequence[int], page: int, pad: bool = True,
+def page_layout(num_slots: int, host_rows: int, row_bytes: Sequence[int], page: int, pad: bool = True,
                 max_rows: int | None = MAX_PHYSICAL_ROWS) -> BankLayout:
     """The layout with the host region page-aligned in every parameter: fewest bytes among those
     with at most ``max_rows`` physical rows (fewest rows if none qualifies; the caller reports it).
     ``pad=False`` keeps rows back to back (callers whose copies assume contiguous rows)."""
-    if num_slots < 0 or num_experts < 1 or page < 1 or not row_bytes:
-        raise ValueError(f"bad bank shape: {num_slots} slots, {num_experts} experts, rows {list(row_bytes)}, page {page}")
+    if num_slots < 0 or host_rows < 1 or page < 1 or not row_bytes:
+        raise ValueError(f"bad bank shape: {num_slots} slots, {host_rows} host rows, rows {list(row_bytes)}, page {page}")
     best: tuple[tuple[bool, int, int, int], BankLayout] | None = None
     for strides in itertools.product(*(_stride_choices(rb, page, pad) for rb in row_bytes)):
         step = 1
         for s in strides:
             step = math.lcm(step, page // math.gcd(s, page))
         offset = -(-num_slots // step) * step
-        layout = BankLayout(offset, tuple(strides), offset + num_experts)
+        layout = BankLayout(offset, tuple(strides), offset + host_rows)
         too_many = max_rows is not None and layout.num_rows > max_rows
         padded = sum(s != rb for s, rb in zip(strides, row_bytes))
         key = (too_many, layout.num_rows if too_many else sum(layout.region_bytes(page)), padded, layout.num_rows)

@@ -83,10 +83,10 @@ class VmmBacking:
         flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         return int(_check(cu.cuMemGetAllocationGranularity(prop, flag)))
 
-    def layout(self, num_slots: int, num_experts: int, row_bytes: list[int], pad: bool) -> BankLayout:
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
         """Host rows start on a page boundary in every parameter (``bank_layout.page_layout``)."""
         try:
-            return check_kernel_rows(page_layout(num_slots, num_experts, row_bytes, self.granularity, pad))
+            return check_kernel_rows(page_layout(num_slots, host_rows, row_bytes, self.granularity, pad))
         except ValueError as e:
             raise VmmError(str(e)) from None
 

@@ -129,3 +129,16 @@ def test_row_copies_on_padded_rows_leave_the_padding_alone(monkeypatch: pytest.M
     want[3, :84] = before.view(h + e, stride)[h + 6, :84]
     want[0, :84] = before.view(h + e, stride)[h + 0, :84]
     assert torch.equal(raw.view(h + e, stride), want)
+
+
+def test_a_complement_bank_keeps_rows_unpadded_and_counts_only_its_host_rows() -> None:
+    from reap_swap.server_ext.bank import ComplementSpec
+
+    gen = torch.Generator().manual_seed(4)
+    params = {"w13_weight": torch.nn.Parameter(torch.randn(E, 6, 4, generator=gen), requires_grad=False),
+              "w2_weight": torch.nn.Parameter(torch.randn(E, 4, 3, generator=gen), requires_grad=False)}
+    bank = ExpertBank(0, params, torch.zeros(E, dtype=torch.int32), S, PlainBacking(torch.device("cpu"), page=SMALL_PAGE), ComplementSpec(2, ()))
+    layout = bank.layout
+    assert layout.row_strides == (96, 48)  # exchanges move contiguous spans
+    assert layout.num_rows == layout.host_row_offset + E - S + 2 == bank.physical_rows
+    assert layout == page_layout(S, E - S + 2, [96, 48], SMALL_PAGE, pad=False)
