@@ -107,7 +107,7 @@ def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, An
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
-    from reap_swap.benchmarks.profile_counts import per_step_counts
+    from reap_swap.benchmarks.profile_counts import kernel_times, per_step_counts
 
     eng = llm.llm_engine
     eng.add_request("bench-profile", prompt, SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
@@ -123,12 +123,8 @@ def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, An
         eng.step()
     averages = prof.key_averages()
     counts = per_step_counts(((e.key, int(e.count)) for e in averages), steps)
-    ours = {}
-    for e in averages:
-        if any(k in e.key for k in REAP_KERNELS):
-            dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-            ours[e.key] = {"count_per_step": e.count / steps, "device_us_per_step": float(dev_us) / steps}
-    counts["reap_kernels"] = ours
+    device_us = (float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in averages)
+    counts["reap_kernels"] = kernel_times(((e.key, int(e.count), us) for e, us in zip(averages, device_us)), REAP_KERNELS, steps)
     counts["steps"] = steps
     counts["top_cpu_calls"] = [(e.key, int(e.count)) for e in sorted(averages, key=lambda e: -e.count)[:25]]
     return counts

@@ -31,3 +31,11 @@ def per_step_counts(events: Iterable[tuple[str, int]], steps: int) -> dict[str, 
     out: dict[str, float] = {k: v / steps for k, v in totals.items()}
     out.update({f"{k}_per_step": v / steps for k, v in sorted(by_name.items())})
     return out
+
+
+def kernel_times(events: Iterable[tuple[str, int, float]], names: Iterable[str], steps: int) -> dict[str, dict[str, float]]:
+    """``events``: (name, count, device microseconds) from ``prof.key_averages()``; the kernels whose
+    name contains one of ``names``, with launches and device time per step."""
+    wanted = tuple(names)
+    return {name: {"count_per_step": count / steps, "device_us_per_step": device_us / steps}
+            for name, count, device_us in events if any(k in name for k in wanted)}

@@ -13,10 +13,10 @@ Usage: python scripts/gpu_cpu_path_check.py OUT.json   (REAP_CPU_EXPERT_CPUS pic
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -52,20 +52,18 @@ def inputs(t: int, g: torch.Generator, dev: torch.device) -> tuple[torch.Tensor,
     return x.to(dev), ids.to(dev), w.to(dev)
 
 
-def kernel_times(replay: Callable[[], None], replays: int, layers: int) -> dict[str, float]:
+def path_kernel_times(replay: Callable[[], None], replays: int, layers: int) -> dict[str, dict[str, float]]:
     """Device time per layer step of the path's own kernels (split + post, wait + merge), from a profile."""
     from torch.profiler import ProfilerActivity, profile
+
+    from reap_swap.benchmarks.profile_counts import kernel_times
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             replay()
         torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for ev in prof.key_averages():
-        for name in ("_split_kernel", "_wait_merge_kernel"):
-            if name in ev.key:
-                out[name] = out.get(name, 0.0) + ev.device_time_total / (replays * layers)
-    return out
+    events = ((e.key, int(e.count), float(e.device_time_total)) for e in prof.key_averages())
+    return kernel_times(events, ("_split_kernel", "_wait_merge_kernel"), replays * layers)
 
 
 def main(out_path: str) -> int:
@@ -161,7 +159,7 @@ def main(out_path: str) -> int:
         samples.sort()
         st = [p.stats() for p in paths]
         timing[label] = {"median_ms_24_layers": samples[len(samples) // 2] * 1e3, "cpu_experts_per_layer_step": st[0]["cpu_experts"] / max(1, st[0]["calls"]),
-                         "device_us_per_layer_step": kernel_times(graph.replay, replays=5, layers=len(paths))}
+                         "per_layer_step": path_kernel_times(graph.replay, replays=5, layers=len(paths))}
     res["chain_24_layers_T1"] = timing
     res["memcpy"] = {k: v["GBps"] for k, v in memcpy_rates(1024, 3).items()}
     res["threads"] = {"n": path.step_job.threads.n, "cpus": list(path.step_job.threads.cpus)}

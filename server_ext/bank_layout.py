@@ -2,8 +2,8 @@
 
 A backing whose memory comes in pages (CUDA VMM: 2 MiB) must start the host region on a page
 boundary in every parameter's tensor, and all parameters share one row index space. With rows of
-awkward sizes that pads the slot region a lot: a 6 KiB row needs 1024 rows per whole number of
-pages, so a 128-expert layer of such rows would have 1152 physical rows -- past what vLLM's
+awkward sizes that pads the slot region a lot: 6 KiB and 3 KiB rows need 2048 rows for whole
+pages in both tensors, so a 128-expert layer of such rows has 2176 physical rows -- past what vLLM's
 ``moe_align_block_size`` takes (the row count rounded up to 32 must stay below 1024), and the
 model cannot run. Padding each row to a divisor of the page (6 KiB -> 8 KiB: 256 rows per page)
 keeps the count small. ``page_layout`` weighs the two (and rounding rows over a page up to whole
@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# vLLM's moe_align_block_size: TORCH_CHECK(round_up(host_rows, 32) < 1024)
+# vLLM's moe_align_block_size: TORCH_CHECK(round_up(num_experts, 32) < 1024), num_experts = the bank's rows
 MAX_PHYSICAL_ROWS = 992
 
 

@@ -13,7 +13,7 @@ import pytest
 from reap_swap.benchmarks.gpu_report import law_check, markdown, ratios
 from reap_swap.benchmarks.hostlink import LinkModel, compare
 from reap_swap.benchmarks.llm_probe import interpolate_factors, layer_index, top_mass_target
-from reap_swap.benchmarks.profile_counts import per_step_counts
+from reap_swap.benchmarks.profile_counts import kernel_times, per_step_counts
 from reap_swap.benchmarks.shapes import SHAPES, qwen3_moe_config
 
 
@@ -42,6 +42,13 @@ def test_profile_counts_per_step() -> None:
     assert c["syncs"] == pytest.approx(0.3) and c["blocking_copies"] == pytest.approx(0.1)
     assert c["launches"] == pytest.approx(3.0) and c["graph_launches"] == pytest.approx(1.0)
     assert c["cudaStreamSynchronize_per_step"] == pytest.approx(0.2)
+
+
+def test_kernel_times_per_step() -> None:
+    events = [("_split_kernel_0d1d", 48, 1296.0), ("_wait_merge_kernel", 48, 9600.0), ("fused_moe_kernel", 96, 5000.0)]
+    t = kernel_times(events, ("_split_kernel", "_wait_merge_kernel"), steps=24)
+    assert set(t) == {"_split_kernel_0d1d", "_wait_merge_kernel"}
+    assert t["_split_kernel_0d1d"] == {"count_per_step": 2.0, "device_us_per_step": 54.0}
 
 
 def test_calibration_helpers() -> None:
