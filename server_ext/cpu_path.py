@@ -130,7 +130,8 @@ class LayerCpuPath:
             from .cpu_experts.split_triton import Post, split_and_stage
 
             t = int(topk_ids.shape[0])
-            post = Post(x.contiguous(), job.x[:t], job.team.mailbox, self.expected, job.job_address(t))  # range-checks t
+            post = Post(x.contiguous(), job.x[:t], job.team.mailbox, self.expected, job.job_address(t),  # range-checks t
+                        job.team.posted_on_device)
             gpu_ids = torch.empty_like(phys)
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,

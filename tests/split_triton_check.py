@@ -15,7 +15,8 @@ from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
 from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, split_and_stage, wait_and_merge
 
 
-def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None) -> int:
+def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None,
+          device_seq: bool = False) -> int:
     t, k = ids.shape
     valid = t if valid is None else valid
     phys = torch.where(resident[ids], ids % 3, ids + host_offset)
@@ -33,14 +34,20 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
     mailbox = torch.zeros(MAILBOX_WORDS, dtype=torch.int64)
     mailbox[0] = seq0 = int(torch.randint(0, 1000, (1,)))
     expected = torch.full((1,), -1, dtype=torch.int64)
-    post = Post(x, staged_x, mailbox, expected, 0xABC0 + t)
+    # device_seq: the last posted seq read from a device counter (the team keeps it), not the mailbox
+    posted = torch.tensor([seq0 if device_seq else -5], dtype=torch.int64)
+    if device_seq:
+        mailbox[0] = -7  # stale on purpose: the post must take the device's count
+    post = Post(x, staged_x, mailbox, expected, 0xABC0 + t, posted if device_seq else None)
     split_and_stage(ids, phys, w, cost_t, torch.tensor([valid], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs, st_ids, st_mask,
                     st_w, counters, post)
     if int(want.n_cpu) > 0:  # posted: the job's address in the ring, then the next sequence number
         assert int(mailbox[0]) == seq0 + 1 and int(expected) == seq0 + 1 and torch.equal(staged_x, x)
         assert int(mailbox[16 + (seq0 + 1) % 64]) == 0xABC0 + t
+        assert int(posted) == (seq0 + 1 if device_seq else -5)
     else:  # nothing for the CPU: nothing posted, nothing staged
-        assert int(mailbox[0]) == seq0 and int(expected) == -1 and not staged_x.any() and not mailbox[16:].any()
+        assert int(mailbox[0]) == (-7 if device_seq else seq0) and int(expected) == -1 and not staged_x.any() and not mailbox[16:].any()
+        assert int(posted) == (seq0 if device_seq else -5)
     assert torch.equal(cpu_pairs, want.cpu_pairs), (ids, want.cpu_pairs, cpu_pairs)
     assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
     assert torch.equal(st_ids, ids.to(torch.int32)) and torch.equal(st_mask, want.cpu_pairs.to(torch.uint8)) and torch.equal(st_w, w)
@@ -62,7 +69,7 @@ def main() -> None:
                 cost = CostModel(link_GBps=float(torch.empty(1).uniform_(20, 80, generator=g)), cpu_GBps=float(torch.empty(1).uniform_(10, 120, generator=g)),
                                  cpu_fixed_s=float(torch.empty(1).uniform_(0, 4e-4, generator=g)), cpu_per_pair_s=float(torch.empty(1).uniform_(0, 2e-5, generator=g)))
                 valid = int(torch.randint(0, t + 1, (1,), generator=g)) if t > 1 else None  # captured-graph padding
-                nonzero += check(ids, resident, cost, 9_437_184, e, 64, valid) > 0
+                nonzero += check(ids, resident, cost, 9_437_184, e, 64, valid, device_seq=cases % 2 == 1) > 0
                 cases += 1
     # exact ties: equal pipes, no overheads (the torch tests' cases)
     for m in range(1, 9):

@@ -83,6 +83,7 @@ def test_host_run_waits_for_its_step_and_counts_it():
     step.stage(x, ids, torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool))
     step.run(1)
     assert step.team.done == before + 1
+    assert int(step.team.posted_on_device) == step.team.posted == before + 1  # the device's next post follows it
     s = step.stats()
     assert (s["steps_with_work"], s["experts"], s["pairs"], s["bytes"]) == (1, 3, 3, 3 * bank.expert_bytes)
 

@@ -34,31 +34,35 @@ __all__ = ["MAILBOX_WORDS", "Post", "split_and_stage", "wait_and_merge"]
 
 # int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
 MAILBOX_SEQ, MAILBOX_DONE, MAILBOX_RING, RING = tl.constexpr(0), tl.constexpr(8), tl.constexpr(16), tl.constexpr(64)
+SPLIT_WARPS, SPLIT_BLOCK_X = 4, 4096  # launch shape of the split (one program; scripts/gpu_split_bench.py)
 WAIT_LIMIT = 1 << 24  # polls of ``done`` (each a round trip to host memory, ~1 us) before a step counts as timed out
 # FENCE: ``v`` after a system-scope fence (PTX ``fence.sc.sys``): the host sees stores before it before stores that use v.
 
 
 def _split_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
-    x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, job_address,
-    n_pairs, top_k, host_offset, filler, E, n_x, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr,
+    x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, posted_ptr, job_address,
+    n_pairs, top_k, host_offset, filler, E, n_x, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr, SEQ_ON_DEVICE: tl.constexpr,
 ):
+    # Pair space: a step routes to at most n_pairs distinct experts, so every table is [P, P] or
+    # [N, P] (N <= P + 1), not [E, E] -- at E = 128, batch 1 that is 64 compares instead of 16K.
     p = tl.arange(0, BLOCK_P)
     pm = p < n_pairs
     ids = tl.load(ids_ptr + p, mask=pm, other=0).to(tl.int32)
     phys = tl.load(phys_ptr + p, mask=pm, other=0)
+    w = tl.load(w_ptr + p, mask=pm, other=0.0).to(tl.float32)
     real = (p // top_k) < tl.load(valid_ptr)  # rows past the step's real count are graph padding
     missed = (phys >= host_offset) & pm & real
-    e = tl.arange(0, BLOCK_E)
-    routes = (ids[None, :] == e[:, None]) & pm[None, :]  # [E, P]
-    pairs = tl.sum((routes & missed[None, :]).to(tl.int32), axis=1)
-    elig = (pairs > 0) & (e < E)
-    m = tl.sum(elig.to(tl.int32), axis=0)
-    key = tl.where(elig, pairs * E + e, (BLOCK_P + 2) * E + e)
-    rank = tl.sum((key[None, :] < key[:, None]).to(tl.int32), axis=1)
+    elig = missed & (ids >= 0) & (ids < E)
+    same = (ids[:, None] == ids[None, :]) & elig[:, None] & elig[None, :]  # [P, P]: pairs of one missed expert
+    pairs = tl.sum(same.to(tl.int32), axis=1)  # missed pairs of pair p's expert
+    first = elig & (tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1) == 0)  # one pair stands for its expert
+    m = tl.sum(first.to(tl.int32), axis=0)
+    key = pairs * E + ids  # CPU candidates by (missed pairs, id): unique per expert
+    rank = tl.sum((first[None, :] & (key[None, :] < key[:, None])).to(tl.int32), axis=1)
     n = tl.arange(0, BLOCK_N)
-    prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & elig[None, :], pairs[None, :], 0), axis=1)
+    prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & first[None, :], pairs[None, :], 0), axis=1)
     link_per = tl.load(cost_ptr + 0)
     fixed = tl.load(cost_ptr + 1)
     per_expert = tl.load(cost_ptr + 2)
@@ -68,28 +72,34 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     link = tl.maximum(m.to(tl.float64) - nf, 0.0) * link_per
     step = tl.where(n <= m, tl.maximum(cpu, link), float("inf"))
     best = tl.min(tl.where(step == tl.min(step, axis=0), n, BLOCK_N), axis=0)  # first minimum
-    cpu_e = elig & (rank < best)
-    cpu_pair = (tl.sum((routes & cpu_e[:, None]).to(tl.int32), axis=0) > 0) & missed
-    tl.store(gpu_ids_ptr + p, tl.where(cpu_pair, filler, phys).to(gpu_ids_ptr.dtype.element_ty), mask=pm)
-    tl.store(cpu_pairs_ptr + p, cpu_pair.to(tl.int1), mask=pm)
+    cpu_pair = elig & (rank < best)
+    # the host's inputs first, then the post (the team starts on it), then what only the device reads
     tl.store(st_ids_ptr + p, ids, mask=pm)
     tl.store(st_mask_ptr + p, cpu_pair.to(tl.uint8), mask=pm)
-    tl.store(st_w_ptr + p, tl.load(w_ptr + p, mask=pm, other=0.0).to(tl.float32), mask=pm)
-    tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + m.to(tl.int64))
-    tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + best.to(tl.int64))
-    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + tl.sum(missed.to(tl.int32), axis=0).to(tl.int64))
-    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + tl.sum(cpu_pair.to(tl.int32), axis=0).to(tl.int64))
+    tl.store(st_w_ptr + p, w, mask=pm)
     if POST:
         if best > 0:
             for x0 in range(0, n_x, BLOCK_X):
                 xo = x0 + tl.arange(0, BLOCK_X)
                 tl.store(st_x_ptr + xo, tl.load(x_ptr + xo, mask=xo < n_x), mask=xo < n_x)
-            seq = tl.load(mailbox_ptr + MAILBOX_SEQ, volatile=True) + 1
+            if SEQ_ON_DEVICE:
+                seq = tl.load(posted_ptr) + 1
+            else:
+                seq = tl.load(mailbox_ptr + MAILBOX_SEQ, volatile=True) + 1
             tl.store(mailbox_ptr + MAILBOX_RING + seq % RING, job_address)
+            tl.debug_barrier()  # every thread's staging stores precede the fence below
             if FENCE:
                 seq = tl.inline_asm_elementwise("fence.sc.sys;\n mov.b64 $0, $1;", "=l,l", [seq], dtype=tl.int64, is_pure=False, pack=1)
             tl.store(mailbox_ptr + MAILBOX_SEQ, seq)
             tl.store(expected_ptr, seq)
+            if SEQ_ON_DEVICE:
+                tl.store(posted_ptr, seq)
+    tl.store(gpu_ids_ptr + p, tl.where(cpu_pair, filler, phys).to(gpu_ids_ptr.dtype.element_ty), mask=pm)
+    tl.store(cpu_pairs_ptr + p, cpu_pair.to(tl.int1), mask=pm)
+    tl.store(counters_ptr + 0, tl.load(counters_ptr + 0) + m.to(tl.int64))
+    tl.store(counters_ptr + 1, tl.load(counters_ptr + 1) + best.to(tl.int64))
+    tl.store(counters_ptr + 2, tl.load(counters_ptr + 2) + tl.sum(missed.to(tl.int32), axis=0).to(tl.int64))
+    tl.store(counters_ptr + 3, tl.load(counters_ptr + 3) + tl.sum(cpu_pair.to(tl.int32), axis=0).to(tl.int64))
 
 
 def _wait_merge_kernel(  # type: ignore[no-untyped-def]
@@ -127,7 +137,7 @@ def split_and_stage(
     topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, valid_rows: torch.Tensor,
     host_offset: int, filler: int, num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor,
     st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
-    post: "Post | None" = None,
+    post: "Post | None" = None, *, num_warps: int = SPLIT_WARPS, block_x: int = SPLIT_BLOCK_X,
 ) -> None:
     """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
 
@@ -141,20 +151,26 @@ def split_and_stage(
     p = post or Post.none(topk_ids.device)
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
-        p.x, p.staged_x, p.mailbox, p.expected, p.job_address,
+        p.x, p.staged_x, p.mailbox, p.expected, p.posted if p.posted is not None else p.expected, p.job_address,
         n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(),
-        BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_E=triton.next_power_of_2(max(num_experts, 2)),
-        BLOCK_N=triton.next_power_of_2(num_experts + 1), BLOCK_X=1024, POST=post is not None, FENCE=not interpret,
+        BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(min(n_pairs, num_experts) + 1),
+        BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None, num_warps=num_warps,
     )
 
 
 class Post:
-    """Where a step is posted: hidden states to stage, the team's mailbox (device view), the step's expected seq."""
+    """Where a step is posted: hidden states to stage, the team's mailbox (device view), the step's expected seq.
 
-    def __init__(self, x: torch.Tensor, staged_x: torch.Tensor, mailbox: torch.Tensor, expected: torch.Tensor, job_address: int):
+    ``posted`` (optional, [1] int64 on the device, one per mailbox): the last posted seq kept on the
+    device, so the post needs no read of host memory; whoever else posts must keep it current.
+    """
+
+    def __init__(self, x: torch.Tensor, staged_x: torch.Tensor, mailbox: torch.Tensor, expected: torch.Tensor, job_address: int,
+                 posted: torch.Tensor | None = None):
         if x.shape != staged_x.shape or x.dtype != staged_x.dtype or not (x.is_contiguous() and staged_x.is_contiguous()):
             raise ValueError(f"hidden states {tuple(x.shape)} {x.dtype} do not fit the staging {tuple(staged_x.shape)} {staged_x.dtype}")
         self.x, self.staged_x, self.mailbox, self.expected, self.job_address = x, staged_x, mailbox, expected, job_address
+        self.posted = posted
 
     @staticmethod
     def none(device: torch.device) -> "Post":

@@ -67,6 +67,9 @@ class CpuTeam:
             why = {-1: "bad arguments", -2: "another team is running", -3: "a thread could not start", 1: "already running"}.get(rc, rc)
             raise TeamError(f"cannot start the CPU expert team ({threads.n} threads on cores {list(threads.cpus) or 'any'}): {why}")
         self.running = True
+        # the last posted seq, kept on the device: the split posts seq + 1 without reading host memory
+        # (a PCIe round trip on the critical path of every layer step); host posts below keep it current
+        self.posted_on_device = torch.full((1,), self.posted, dtype=torch.int64, device=self.mailbox.device)
 
     def run(self, job_address: int, timeout_s: float = 60.0) -> None:
         """Post one job from the host and wait for it (no device step may be in flight)."""
@@ -75,6 +78,7 @@ class CpuTeam:
         rc = self.lib.reap_team_run(self.mailbox_host.data_ptr(), job_address, int(timeout_s * 1000))
         if rc == -1:
             raise TeamError("the CPU expert team is not running on this mailbox")
+        self.posted_on_device.fill_(self.posted)  # posted even if it timed out
         if rc == -2:
             raise TeamError(f"the CPU expert team did not finish a step within {timeout_s} s")
 
