@@ -42,7 +42,7 @@ class CpuJob(ctypes.Structure):
         ("ids", _p), ("mask", _p), ("weights", _p), ("x", _p), ("out", _p), ("w13", _p), ("w2", _p),
         ("w13_row_stride", _i), ("w2_row_stride", _i), ("row_offset", _i), ("expert_bytes", _i),
         ("T", _i), ("K", _i), ("H", _i), ("I", _i), ("E", _i), ("nthreads", _i),
-        ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("pair_w", _p),
+        ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("group_done", _p), ("pair_w", _p),
         ("xs", _p), ("hs", _p), ("as_", _p),
         ("calls", _i), ("steps_with_work", _i), ("experts", _i), ("pairs", _i), ("ns", _i), ("bytes", _i), ("status", _i),
     ]
@@ -119,6 +119,7 @@ class CpuStep:
             "group_off": torch.zeros(pairs + 1, dtype=torch.int32),
             "pair_tok": torch.zeros(pairs, dtype=torch.int32),
             "pair_dst": torch.zeros(pairs, dtype=torch.int32),
+            "group_done": torch.zeros(pairs, dtype=torch.int32),
             "pair_w": torch.zeros(pairs, dtype=torch.float32),
             "xs": torch.zeros(t * h * act, dtype=torch.uint8),
             "hs": torch.zeros(pairs * 2 * i, dtype=torch.float32),
