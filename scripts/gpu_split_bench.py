@@ -8,6 +8,8 @@ post -- at the 30B-A3B routing shape (E=128, top-8, H=2048), T = 1 and 8. Option
 file of the kernel (``--baseline path.py``, e.g. the previous commit's) is timed beside it.
 
 Usage: python scripts/gpu_split_bench.py OUT.json [--baseline old_split_triton.py] [--team]
+  e.g. git show b0df3c6:server_ext/cpu_experts/split_triton.py > /tmp/old_split_triton.py (the
+  expert-space program measured beside this one in benchmarks/results/split_kernel_h200.json)
 """
 
 from __future__ import annotations
@@ -125,10 +127,11 @@ def main() -> int:
         variants["nopost_w2"] = launcher(split_triton, False, False, num_warps=2)
         variants["nopost_w4"] = launcher(split_triton, False, False, num_warps=4)
         if args.baseline:
-            spec = importlib.util.spec_from_file_location("split_baseline", args.baseline)
+            name = "reap_swap.server_ext.cpu_experts._split_baseline"  # its relative imports resolve as the real module's
+            spec = importlib.util.spec_from_file_location(name, args.baseline)
             assert spec and spec.loader
             base = importlib.util.module_from_spec(spec)
-            sys.modules["split_baseline"] = base
+            sys.modules[name] = base
             spec.loader.exec_module(base)
 
             def base_launch(post: bool) -> Callable[[int], None]:
