@@ -40,6 +40,7 @@ ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
 ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
 ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
+MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
 
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
@@ -84,6 +85,11 @@ class LayerCpuPath:
 
     def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
                  threads: CpuThreads, device: torch.device, staging: Staging | None = None):
+        if settings.max_tokens * top_k > MAX_STEP_PAIRS:
+            raise CpuPathConfigError(
+                f"{ENV_MAX_TOKENS}={settings.max_tokens} with top-{top_k} routing gives {settings.max_tokens * top_k} (token, expert) "
+                f"pairs per step; the CPU path's split takes at most {MAX_STEP_PAIRS} (it is for decode-sized steps): "
+                f"use at most {MAX_STEP_PAIRS // top_k} tokens")
         self.bank = bank
         self.top_k = top_k
         self.filler_row = filler_row
@@ -239,6 +245,7 @@ def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
         "cpu_GBps_achieved": tot["bytes"] / tot["ns"] if tot["ns"] else None,
         "cpu_busy_us_per_step_with_work": tot["ns"] / 1e3 / tot["steps_with_work"] if tot["steps_with_work"] else None,
         "bad_id_layers": [i for i, s in enumerate(per_layer) if s["status"]],
+        "device_seq_in_step": paths[0].step_job.team.seq_in_step(),
         "measured": paths[0].measured,
         "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
                        "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens},

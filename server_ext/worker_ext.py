@@ -402,6 +402,9 @@ class ReapWorkerExtension:
         if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
                          out["bad_id_layers"])
+        if out.get("enabled") and not out.get("device_seq_in_step"):
+            logger.error("reap-swap CPU expert path: the device's copy of the team's last posted step differs from the mailbox's; "
+                         "something posted to the team outside CpuTeam.run, and CPU outputs may be stale")
         if reset:
             for p in paths:
                 p.reset_stats()

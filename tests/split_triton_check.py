@@ -76,8 +76,37 @@ def main() -> None:
         ids = torch.arange(m).view(1, m)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=50), 1 << 20, 16, 64)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=25), 1 << 20, 16, 64)
+    # the CPU takes every missed expert (best == m) with min(pairs, E) a power of two: BLOCK_N must reach m
+    assert check(torch.randperm(128, generator=g)[:8].view(1, 8), torch.zeros(128, dtype=torch.bool),
+                 CostModel(link_GBps=1, cpu_GBps=1000), 9_437_184, 128, 256) == 8
+    # tie rule 2 with duplicates across tokens: expert 0 has 2 missed pairs, experts 1 and 2 one each
+    ids = torch.tensor([[0, 1], [0, 2]])
+    for cpu_gbps in (50, 25, 100):
+        check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=cpu_gbps), 1 << 20, 16, 64)
+    check_ids_out_of_range()
     merges = check_wait_and_merge(g)
-    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts) and 16 tie cases; {merges} merges")
+    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts) and 21 tie / edge cases; {merges} merges")
+
+
+def check_ids_out_of_range() -> None:
+    """Ids outside 0..E-1 (an expert-parallel map's -1, a corrupt id) count as missed but never go to the CPU."""
+    e, host_offset = 16, 64
+    ids = torch.tensor([[-1, 3, 16, 5], [3, 20, 7, -1]])
+    phys = torch.full_like(ids, host_offset + 1)  # every pair missed
+    w = torch.rand(2, 4)
+    valid_id = (ids >= 0) & (ids < e)
+    cost = CostModel(link_GBps=1, cpu_GBps=1000)
+    want = plan_split(ids.clamp(0, e - 1), valid_id, e, 1 << 20, cost)
+    b = 1 << 20
+    cost_t = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
+                           cost.cpu_per_pair_s], dtype=torch.float64)
+    gpu_ids, cpu_pairs = torch.empty_like(phys), torch.zeros(2, 4, dtype=torch.bool)
+    counters = torch.zeros(4, dtype=torch.int64)
+    split_and_stage(ids, phys, w, cost_t, torch.tensor([2], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs,
+                    torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.uint8), torch.zeros(2, 4), counters)
+    assert torch.equal(cpu_pairs, want.cpu_pairs) and not cpu_pairs[~valid_id].any(), (cpu_pairs, want.cpu_pairs)
+    assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
+    assert counters.tolist() == [3, int(want.n_cpu), 8, int(want.cpu_pairs.sum())], counters
 
 
 def check_wait_and_merge(g: torch.Generator) -> int:

@@ -95,11 +95,23 @@ def test_layer_step_on_the_cpu_device_splits_stages_computes_and_merges() -> Non
     s = cp.summarize([path])
     missed_experts = len(set(ids[~resident].tolist()))
     assert s["missed_experts"] == missed_experts and s["cpu_experts"] == int(want.cpu_experts.sum()) == s["host_experts"]
-    assert s["host_pairs"] == s["cpu_pairs"] and s["bad_id_layers"] == []
+    assert s["host_pairs"] == s["cpu_pairs"] and s["bad_id_layers"] == [] and s["device_seq_in_step"] is True
     assert s["missed_pairs"] == int((~resident).sum()) and s["cpu_pairs"] == int(want.cpu_pairs.sum())
     assert s["cpu_share_of_missed_experts"] == s["cpu_experts"] / missed_experts and s["cpu_GBps_achieved"] > 0
     path.reset_stats()
     assert cp.summarize([path])["missed_experts"] == 0 and cp.summarize([]) == {"enabled": False}
+
+
+@needs_native
+def test_steps_larger_than_the_split_takes_are_refused_plainly() -> None:
+    """The split's tables are [pairs, pairs]: 33 tokens x top-8 (264 pairs) is past its bound, 32 is not."""
+    bank, _ = _layer()
+    ok = cp.LayerCpuPath(bank, 8, 0, cp.CpuPathSettings(enabled=True, max_tokens=32), CostModel(link_GBps=40, cpu_GBps=40, max_tokens=32),
+                         K.CpuThreads(1), torch.device("cpu"))
+    assert ok.takes(32)
+    with pytest.raises(cp.CpuPathConfigError, match=rf"{cp.ENV_MAX_TOKENS}=33 .* at most 32 tokens"):
+        cp.LayerCpuPath(bank, 8, 0, cp.CpuPathSettings(enabled=True, max_tokens=33), CostModel(link_GBps=40, cpu_GBps=40, max_tokens=33),
+                        K.CpuThreads(1), torch.device("cpu"))
 
 
 @needs_native

@@ -37,6 +37,7 @@ def _post_like_the_device(step: CpuStep, t: int) -> int:
     seq = int(box[0]) + 1
     box[16 + seq % 64] = step.job_address(t)
     box[0] = seq
+    step.team.posted_on_device.fill_(seq)  # the split kernel stores it beside the mailbox's
     return seq
 
 
@@ -72,6 +73,28 @@ def test_steps_posted_like_the_device_are_computed_in_order():
             assert float((step.out[:t][mask].float() - want[mask].float()).abs().max()) <= 2**-6 * scale
     assert step.team.done == start + 40 and step.team.posted == start + 40
     assert step.stats()["calls"] == 40
+
+
+def test_output_rows_wait_for_their_own_gate_up_rows():
+    """Both phases share one queue; each group's last gate/up item is made to start 2 ms late, so an
+    output item that did not wait for its group would read the previous step's activations."""
+    bank, w13, w2 = _bank(e=12, h=64, i=64, seed=3)  # 4 gate/up items per group
+    step = CpuStep(bank, max_tokens=2, top_k=4, threads=K.CpuThreads(2))
+    g = torch.Generator().manual_seed(5)
+    step.lib.reap_team_set_test_delay_us(2000)
+    try:
+        for _ in range(6):
+            x = torch.randn(2, 64, generator=g).to(torch.bfloat16) * 4
+            ids = torch.stack([torch.randperm(12, generator=g)[:4] for _ in range(2)]).to(torch.int32)
+            w = torch.softmax(torch.randn(2, 4, generator=g), -1)
+            mask = torch.ones(2, 4, dtype=torch.bool)
+            step.stage(x, ids, w, mask)
+            _wait_done(step, _post_like_the_device(step, 2))
+            want = _reference(x, w13, w2, ids, w, mask)
+            scale = float(want.float().abs().max())
+            assert float((step.out[:2].float() - want.float()).abs().max()) <= 2**-6 * scale
+    finally:
+        step.lib.reap_team_set_test_delay_us(0)
 
 
 def test_host_run_waits_for_its_step_and_counts_it():

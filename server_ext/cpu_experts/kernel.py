@@ -176,6 +176,8 @@ def native_library() -> ctypes.CDLL | None:
     lib.reap_team_stop.restype = i32
     lib.reap_team_run.argtypes = [p, p, i64]
     lib.reap_team_run.restype = i32
+    lib.reap_team_set_test_delay_us.argtypes = [i64]
+    lib.reap_team_set_test_delay_us.restype = None
     _native = lib
     return lib
 

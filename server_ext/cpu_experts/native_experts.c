@@ -221,11 +221,13 @@ typedef struct {
   uint16_t* out;           /* [*, H] */
 } work_t;
 
-static inline int items_a(const work_t* w) { return w->n_groups * ((w->I + NBA - 1) / NBA); }
-static inline int items_b(const work_t* w) { return w->n_groups * ((w->H + NB - 1) / NB); }
+static inline int blocks_a(const work_t* w) { return (w->I + NBA - 1) / NBA; } /* A items per group */
+static inline int blocks_b(const work_t* w) { return (w->H + NB - 1) / NB; }   /* B items per group */
+static inline int items_a(const work_t* w) { return w->n_groups * blocks_a(w); }
+static inline int items_b(const work_t* w) { return w->n_groups * blocks_b(w); }
 
 static void item_a(const work_t* w, int it) {
-  const int per = (w->I + NBA - 1) / NBA, I = w->I, n13 = 2 * I;
+  const int per = blocks_a(w), I = w->I, n13 = 2 * I;
   int g = it / per, b = it % per;
   int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
   int n0 = b * NBA, n1 = n0 + NBA < I ? n0 + NBA : I;
@@ -244,7 +246,7 @@ static void item_a(const work_t* w, int it) {
 }
 
 static void item_b(const work_t* w, int it) {
-  const int per = (w->H + NB - 1) / NB, H = w->H;
+  const int per = blocks_b(w), H = w->H;
   int g = it / per, b = it % per;
   int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
   int n0 = b * NB, n1 = n0 + NB < H ? n0 + NB : H;
@@ -418,6 +420,15 @@ typedef struct {
 } team_t;
 
 static team_t g_team; /* the process's one team (a registry of one) */
+
+/* Tests only: each group's last phase-A item starts this late, so a phase-B item that did not
+ * wait for its group would read the previous step's activations (0: off). */
+static int64_t g_test_a_delay_ns = 0;
+void reap_team_set_test_delay_us(int64_t us) { __atomic_store_n(&g_test_a_delay_ns, us * 1000, __ATOMIC_RELAXED); }
+static void sleep_ns(int64_t ns) {
+  struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+  nanosleep(&ts, NULL);
+}
 static pthread_mutex_t g_team_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline void relax(uint64_t* spins, int oversub) {
@@ -452,15 +463,18 @@ static void team_step(team_t* t, int tid, int64_t s) {
      * them finish -- no step-wide barrier between the phases (its tail cost up to one A item, ~20 us). */
     const work_t* w = &t->w;
     const int na = items_a(w), nb = items_b(w);
-    const int per_a = (w->I + NBA - 1) / NBA, per_b = (w->H + NB - 1) / NB;
-    int32_t* done = t->job->group_done;
+    const int per_a = blocks_a(w), per_b = blocks_b(w);
+    int32_t* group_done = t->job->group_done;
     for (int64_t it; (it = __atomic_fetch_add(&t->item.v, 1, __ATOMIC_RELAXED)) < na + nb;) {
       if (it < na) {
+        const int64_t delay = __atomic_load_n(&g_test_a_delay_ns, __ATOMIC_RELAXED);
+        if (delay && it % per_a == per_a - 1) sleep_ns(delay); /* tests: the group's B items must wait for this */
         item_a(w, (int)it);
-        __atomic_fetch_add(&done[it / per_a], 1, __ATOMIC_RELEASE);
+        if (g_test_a_delay_ns && it % per_a == per_a - 1) sleep_ns(g_test_a_delay_ns);
+        __atomic_fetch_add(&group_done[it / per_a], 1, __ATOMIC_RELEASE);
       } else {
         const int b = (int)(it - na);
-        while (__atomic_load_n(&done[b / per_b], __ATOMIC_ACQUIRE) < per_a) relax(&spins, t->oversubscribed);
+        while (__atomic_load_n(&group_done[b / per_b], __ATOMIC_ACQUIRE) < per_a) relax(&spins, t->oversubscribed);
         item_b(w, b);
       }
     }

@@ -6,7 +6,10 @@ them cost ~3.9 ms per decode step (graph replay), more than the CPU path saves a
 * ``split_and_stage`` (one program): the split, the GPU's ids, the staging of ids / mask / routing
   weights / hidden states for the host, the counters, and -- when the CPU got any pair -- the post
   of the step to the CPU team's mailbox (job address into the ring, a system-wide fence, then the
-  new sequence number; ``native_experts.c`` describes the team). Costs are float64 (a [4] device
+  new sequence number, counted from the team's device copy of the last one so that nothing is read
+  over PCIe; ``native_experts.c`` describes the team). It is on the critical path of every layer
+  step (the team starts when it posts), so its tables are in pair space, and the stores only the
+  device reads come after the post. Costs are float64 (a [4] device
   tensor: Python floats would reach Triton as float32), the same formula as ``plan_split``; ties:
   fewest CPU experts, then the CPU takes the experts with the fewest missed pairs, then the lowest id.
 * ``wait_and_merge`` (one program per (token, k)): a CPU pair's program polls the mailbox's
@@ -146,12 +149,15 @@ def split_and_stage(
     gave the CPU any pair also stages ``post.x`` and posts ``post.job_address`` to the team.
     """
     n_pairs = topk_ids.numel()
+    if block_x < 16 or block_x & (block_x - 1):
+        raise ValueError(f"block_x={block_x} must be a power of two >= 16")
     interpret = _interpreted()
     kernel = jitted("split", interpret)
     p = post or Post.none(topk_ids.device)
+    posted = p.expected if p.posted is None else p.posted  # without a device seq the kernel never touches posted_ptr
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
-        p.x, p.staged_x, p.mailbox, p.expected, p.posted if p.posted is not None else p.expected, p.job_address,
+        p.x, p.staged_x, p.mailbox, p.expected, posted, p.job_address,
         n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(),
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(min(n_pairs, num_experts) + 1),
         BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None, num_warps=num_warps,
@@ -169,6 +175,8 @@ class Post:
                  posted: torch.Tensor | None = None):
         if x.shape != staged_x.shape or x.dtype != staged_x.dtype or not (x.is_contiguous() and staged_x.is_contiguous()):
             raise ValueError(f"hidden states {tuple(x.shape)} {x.dtype} do not fit the staging {tuple(staged_x.shape)} {staged_x.dtype}")
+        if posted is not None and posted.device != x.device:
+            raise ValueError(f"the team's posted seq lives on {posted.device}, the step runs on {x.device}: one team serves one device")
         self.x, self.staged_x, self.mailbox, self.expected, self.job_address = x, staged_x, mailbox, expected, job_address
         self.posted = posted
 

@@ -75,12 +75,24 @@ class CpuTeam:
         """Post one job from the host and wait for it (no device step may be in flight)."""
         if not self.running:
             raise TeamError("the CPU expert team was stopped (another team replaced it)")
+        self._sync_device()  # a queued device post would reuse the seq this host post takes
         rc = self.lib.reap_team_run(self.mailbox_host.data_ptr(), job_address, int(timeout_s * 1000))
         if rc == -1:
             raise TeamError("the CPU expert team is not running on this mailbox")
         self.posted_on_device.fill_(self.posted)  # posted even if it timed out
+        self._sync_device()
         if rc == -2:
             raise TeamError(f"the CPU expert team did not finish a step within {timeout_s} s")
+
+    def _sync_device(self) -> None:
+        if self.posted_on_device.device.type == "cuda":
+            torch.cuda.synchronize(self.posted_on_device.device)
+
+    def seq_in_step(self) -> bool:
+        """The device's copy of the last posted seq equals the mailbox's (call with no device step in
+        flight). A stale copy would post a finished seq again and merge old outputs."""
+        self._sync_device()
+        return int(self.posted_on_device) == self.posted
 
     @property
     def posted(self) -> int:
