@@ -1,11 +1,12 @@
-"""Per-step counts of host synchronizations and launches from a torch.profiler trace (pure).
+"""Per-step counts of host synchronizations and launches from a torch.profiler trace (pure), and
+``profiled_kernel_times``, which takes such a trace of a replayed CUDA graph (imports torch lazily).
 
 Names are the CUDA runtime / driver API calls the profiler records on the CPU side.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize")
 # A plain cudaMemcpy (not ...Async) blocks the host until the copy is done.
@@ -39,3 +40,16 @@ def kernel_times(events: Iterable[tuple[str, int, float]], names: Iterable[str],
     wanted = tuple(names)
     return {name: {"count_per_step": count / steps, "device_us_per_step": device_us / steps}
             for name, count, device_us in events if any(k in name for k in wanted)}
+
+
+def profiled_kernel_times(replay: Callable[[], None], replays: int, names: Iterable[str], steps_per_replay: int) -> dict[str, dict[str, float]]:
+    """``kernel_times`` of ``replays`` calls of ``replay`` (a CUDA graph's), per step of ``steps_per_replay``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    events = ((e.key, int(e.count), float(e.device_time_total)) for e in prof.key_averages())
+    return kernel_times(events, names, replays * steps_per_replay)

@@ -16,10 +16,10 @@ import ctypes
 import json
 import sys
 import time
-from collections.abc import Callable
 
 import torch
 
+from reap_swap.benchmarks.profile_counts import profiled_kernel_times
 from reap_swap.server_ext.cpu_experts.bench_cpu_kernel import memcpy_rates
 from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.kernel import CpuThreads, silu_and_mul_bf16
@@ -50,20 +50,6 @@ def inputs(t: int, g: torch.Generator, dev: torch.device) -> tuple[torch.Tensor,
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t)])
     w = torch.softmax(torch.randn(t, K, generator=g), -1)
     return x.to(dev), ids.to(dev), w.to(dev)
-
-
-def path_kernel_times(replay: Callable[[], None], replays: int, layers: int) -> dict[str, dict[str, float]]:
-    """Device time per layer step of the path's own kernels (split + post, wait + merge), from a profile."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from reap_swap.benchmarks.profile_counts import kernel_times
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            replay()
-        torch.cuda.synchronize()
-    events = ((e.key, int(e.count), float(e.device_time_total)) for e in prof.key_averages())
-    return kernel_times(events, ("_split_kernel", "_wait_merge_kernel"), replays * layers)
 
 
 def main(out_path: str) -> int:
@@ -159,7 +145,7 @@ def main(out_path: str) -> int:
         samples.sort()
         st = [p.stats() for p in paths]
         timing[label] = {"median_ms_24_layers": samples[len(samples) // 2] * 1e3, "cpu_experts_per_layer_step": st[0]["cpu_experts"] / max(1, st[0]["calls"]),
-                         "per_layer_step": path_kernel_times(graph.replay, replays=5, layers=len(paths))}
+                         "per_layer_step": profiled_kernel_times(graph.replay, 5, ("_split_kernel", "_wait_merge_kernel"), len(paths))}
     res["chain_24_layers_T1"] = timing
     res["memcpy"] = {k: v["GBps"] for k, v in memcpy_rates(1024, 3).items()}
     res["threads"] = {"n": path.step_job.threads.n, "cpus": list(path.step_job.threads.cpus)}

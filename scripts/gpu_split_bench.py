@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from reap_swap.benchmarks.profile_counts import kernel_times
+from reap_swap.benchmarks.profile_counts import profiled_kernel_times
 from reap_swap.server_ext.cpu_experts import split_triton
 from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post
@@ -33,19 +33,8 @@ from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post
 E, K, H, LAYERS = 128, 8, 2048, 24
 
 
-def device_us(replay: Callable[[], None], name: str, replays: int = 20) -> float:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            replay()
-        torch.cuda.synchronize()
-    events = ((e.key, int(e.count), float(e.device_time_total)) for e in prof.key_averages())
-    times = kernel_times(events, (name,), replays * LAYERS)
-    return sum(v["device_us_per_step"] for v in times.values())
-
-
 def wall_us(graph: torch.cuda.CUDAGraph, n: int = 30) -> float:
+    """Median replay wall time per launch: what the chain costs with the gaps between launches."""
     samples = []
     for _ in range(n):
         torch.cuda.synchronize()
@@ -57,6 +46,7 @@ def wall_us(graph: torch.cuda.CUDAGraph, n: int = 30) -> float:
 
 
 def run_variant(launch: Callable[[int], None], kernel_name: str) -> dict[str, float]:
+    """``LAYERS`` launches (one per layer's buffers) captured in one graph, timed both ways."""
     for i in range(LAYERS):
         launch(i)
     torch.cuda.synchronize()
@@ -66,7 +56,8 @@ def run_variant(launch: Callable[[int], None], kernel_name: str) -> dict[str, fl
             launch(i)
     graph.replay()
     torch.cuda.synchronize()
-    return {"device_us": device_us(graph.replay, kernel_name), "wall_us_per_launch": wall_us(graph)}
+    times = profiled_kernel_times(graph.replay, 20, (kernel_name,), LAYERS)
+    return {"device_us": sum(v["device_us_per_step"] for v in times.values()), "wall_us_per_launch": wall_us(graph)}
 
 
 def main() -> int:

@@ -31,10 +31,13 @@ class BankLayout:
     row_strides: tuple[int, ...]
     num_rows: int
 
+    def host_region_bytes(self, row_stride: int, page: int) -> int:
+        """A parameter's host region (rows ``row_stride`` bytes apart), rounded up to whole pages."""
+        return -(-((self.num_rows - self.host_row_offset) * row_stride) // page) * page
+
     def region_bytes(self, page: int) -> tuple[int, ...]:
         """Each parameter's reserved bytes: the slot region plus the host region rounded to pages."""
-        host = self.num_rows - self.host_row_offset
-        return tuple(self.host_row_offset * s + -(-(host * s) // page) * page for s in self.row_strides)
+        return tuple(self.host_row_offset * s + self.host_region_bytes(s, page) for s in self.row_strides)
 
 
 def check_kernel_rows(layout: BankLayout) -> BankLayout:

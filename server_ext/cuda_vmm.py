@@ -93,7 +93,7 @@ class VmmBacking:
     def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         host_offset, num_rows = layout.host_row_offset, layout.num_rows
         dev_bytes = host_offset * row_stride
-        host_bytes = -(-((num_rows - host_offset) * row_stride) // self.granularity) * self.granularity
+        host_bytes = layout.host_region_bytes(row_stride, self.granularity)
         if dev_bytes % self.granularity:
             raise VmmError("slot region is not page aligned")
         total = dev_bytes + host_bytes
