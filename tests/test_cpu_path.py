@@ -159,3 +159,45 @@ def test_graph_padding_rows_never_go_to_the_cpu() -> None:
     path.merge(torch.zeros(3, 2, bank.hidden, dtype=torch.bfloat16))
     s = path.stats()
     assert (s["missed_experts"], s["cpu_experts"], s["missed_pairs"], s["cpu_pairs"], s["host_pairs"]) == (2, 2, 2, 2, 2)
+
+
+@needs_native
+def test_with_the_online_cache_each_miss_is_promoted_or_split_once() -> None:
+    """The layer order on the GPU: the cache's step promotes some misses into slots, then the split
+    sees the promoted ids -- a promoted expert is read from its slot, never also sent to the CPU --
+    and the merged step equals the all-experts reference."""
+    from reap_swap.server_ext.online_cache import CacheParams, LayerCache
+
+    bank, off = _layer(e=16, slots=4)
+    e, k = bank.num_experts, 4
+    phys_map = torch.where(torch.arange(e) < 2, torch.arange(e), torch.arange(e) + off).to(torch.int32)  # experts 0, 1 in slots 0, 1
+    cache = LayerCache(e, 4, off, phys_map, CacheParams(cap=2))
+    cache.expert_in_slot[:2] = torch.tensor([0, 1], dtype=torch.int32)
+    rows = [bank.w13, bank.w2]
+    for r in rows:
+        r[:2] = r[off : off + 2]  # slots hold their experts' weights
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=2)
+    cost = CostModel(link_GBps=40, cpu_GBps=40, max_tokens=2)
+    path = cp.LayerCpuPath(bank, k, 3, settings, cost, K.CpuThreads(2), torch.device("cpu"))
+    g = torch.Generator().manual_seed(4)
+    ids = torch.tensor([[0, 5, 6, 7], [5, 8, 9, 1]])
+    x = torch.randn(2, bank.hidden, generator=g).to(torch.bfloat16)
+    w = torch.softmax(torch.randn(2, k, generator=g), -1)
+    phys = cache.step(ids, rows)
+    promoted = (phys < off) & ~((ids == 0) | (ids == 1))
+    assert int(cache.promotions) == 2 and int(promoted.sum()) >= 2  # two misses promoted into the free slots
+    for cand in ids[promoted].unique().tolist():
+        slot = int(phys_map[cand])
+        assert torch.equal(bank.w13[slot], bank.w13[off + cand]) and torch.equal(bank.w2[slot], bank.w2[off + cand])
+    gpu_ids = path.before_experts(x, ids, w, phys, off)
+    cpu_pairs = gpu_ids != phys
+    assert cpu_pairs.any() and not (cpu_pairs & (phys < off)).any()  # only misses left after the promotions go to the CPU
+    want = plan_split(ids, phys >= off, e, bank.expert_bytes, cost)
+    assert torch.equal(cpu_pairs, want.cpu_pairs)
+    all_pairs = torch.ones(2, k, dtype=torch.bool)
+    ref = K.per_k_outputs(K.CpuExperts("torch", K.CpuThreads(1)).run(x, bank.w13[off:], bank.w2[off:], K.group_pairs(ids, w, all_pairs)),
+                          K.group_pairs(ids, w, all_pairs), 2, k)
+    merged = path.merge(torch.where(cpu_pairs[..., None], torch.zeros_like(ref), ref).view(2 * k, -1)).view(2, k, -1)
+    assert float((merged - ref).float().abs().max()) <= 2**-6 * float(ref.float().abs().max())
+    s = path.stats()
+    assert s["missed_pairs"] == int((phys >= off).sum()) == int((~((ids == 0) | (ids == 1))).sum()) - int(promoted.sum())
