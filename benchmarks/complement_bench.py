@@ -33,7 +33,7 @@ COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512",
 
 
 def _rss() -> tuple[float, float]:
-    from reap_swap.server_ext.host_memory import process_memory
+    from reap_swap.server_ext.bank.host_memory import process_memory
 
     m = process_memory()
     return float(m["rss_gib"] or 0.0), float(m["peak_rss_gib"] or 0.0)
@@ -43,7 +43,7 @@ def load_child(mode: str, layers: int, experts: int, slots: int, spares: int, hi
     """Build ``layers`` banks from freshly 'loaded' weights, as process_weights_after_loading does."""
     import torch
 
-    from reap_swap.server_ext.bank import ComplementSpec, ExpertBank, PlainBacking
+    from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
 
     torch.set_num_threads(1)
     base, _ = _rss()
@@ -75,7 +75,7 @@ def swap_micro(experts: int = 16, slots: int = 5, spares: int = 1, swaps: int = 
     """Median ms of one layer's random swap at small_moe's expert size (bank only, CPU, one thread)."""
     import torch
 
-    from reap_swap.server_ext.bank import ComplementSpec, ExpertBank, PlainBacking
+    from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
 
     torch.set_num_threads(1)
     out = {}

@@ -33,7 +33,7 @@ def _arm(spec: dict[str, Any], out: Path) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if spec["cpu"]:
         from reap_swap.server_ext import config as rc
-        from reap_swap.server_ext import cpu_path as cp
+        from reap_swap.server_ext.cpu_experts import cpu_path as cp
 
         os.environ[rc.ENV_SLOTS] = str(spec["slots"])
         os.environ[rc.ENV_START] = json.dumps({f"layer_{i}": list(range(spec["slots"])) for i in range(spec["layers"])})

@@ -28,7 +28,7 @@ def apply_environment(spec: dict[str, Any]) -> None:
     """In the arm process, before vLLM starts: the CPU path on, cores split between it and vLLM."""
     if not spec.get("cpu_experts"):
         return
-    from reap_swap.server_ext import cpu_path as cp
+    from reap_swap.server_ext.cpu_experts import cpu_path as cp
     from reap_swap.server_ext.cpu_experts.kernel import CpuThreads
 
     os.environ[cp.ENV_CPU_EXPERTS] = "1"

@@ -19,7 +19,7 @@ weights) and re-seed each layer's router alike, so routing differs per layer
 and is the same in every arm.
 
 With ``--trace T --sets S`` the arms run on learned routing instead (every MoE
-layer replays a trained model's trace): see ``learned_bench`` for its arms and
+layer replays a trained model's trace): see ``learned.bench`` for its arms and
 the H200 command lines.
 """
 
@@ -38,7 +38,8 @@ from typing import Any
 
 from reap_swap.paths import bundled_model_dir
 
-from . import learned_bench, learned_report
+from .learned import bench as learned_bench
+from .learned import report as learned_report
 from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 

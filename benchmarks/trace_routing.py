@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from reap_swap.planning.traces import PREFILL, RoutingTrace, TraceError
-from reap_swap.server_ext.request_ids import engine_id_matches_exact
+from reap_swap.server_ext.step.request_ids import engine_id_matches_exact
 
 Entry = tuple[str, int, int]
 """(request id, tokens already computed, tokens scheduled this step), in batch order."""
@@ -113,7 +113,7 @@ class TraceReplay:
     def assign(self, request_id: str, trace_request: int | str) -> None:
         """Replay ``trace_request`` (index or trace id) for ``request_id`` and vLLM's decorations of it
 
-        (``abc`` also covers the engine id ``abc-1a2b3c4d``; see ``server_ext.request_ids``).
+        (``abc`` also covers the engine id ``abc-1a2b3c4d``; see ``server_ext.step.request_ids``).
         """
         r = self._index(trace_request)
         self._explicit[str(request_id)] = r

@@ -106,7 +106,7 @@ class LRU(CachePolicy):
 class LFRU(LRU):
     """Promote every miss; evict the lowest decayed routing frequency (frequency with recency).
 
-    With ``cap`` set this is the device policy of ``server_ext/online_cache.py``, rule for rule:
+    With ``cap`` set this is the device policy of ``server_ext/cache/online_cache.py``, rule for rule:
     at most ``cap`` promotions per step; candidates are the step's misses by score (highest
     first, ties to the lower id), victims are free slots first, then residents the step does
     not route and ``protected`` does not hold, by score (lowest first, ties to the lower id);

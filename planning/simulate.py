@@ -10,7 +10,7 @@ the step did not route). ``static_topk`` is calibrated on other requests than
 the ones scored (the trace's ``train`` split, else the first half), and only
 the rest are scored; ``belady`` (optimal replacement with optional admission)
 is the upper bound of any online policy. ``lfru_cap`` is the server's online
-cache (``server_ext/online_cache.py``) rule for rule, float32 scores included:
+cache (``server_ext/cache/online_cache.py``) rule for rule, float32 scores included:
 at most ``--cap`` promotions per layer per step, ``--hysteresis``, ``--decay``.
 """
 
@@ -71,7 +71,7 @@ def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray,
         "prompt_prior": lambda: PromptPrior(slots, num_experts, static_set),
         "lru": lambda: LRU(slots, num_experts, static_set),
         "lfru": lambda: LFRU(slots, num_experts, static_set),
-        # The device policy (server_ext/online_cache.py): float32 scores, capped, as the server runs it.
+        # The device policy (server_ext/cache/online_cache.py): float32 scores, capped, as the server runs it.
         "lfru_cap": lambda: LFRU(slots, num_experts, static_set, decay, cap, hysteresis, dtype=np.float32),
         "decayed_counters": lambda: DecayedCounters(slots, num_experts, static_set),
         "prior_decayed": lambda: PriorDecayedCounters(slots, num_experts, static_set, top_k=top_k),

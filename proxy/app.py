@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from reap_swap.plan import load_plan
-from reap_swap.server_ext.errors import HTTPError, error_body
+from reap_swap.server_ext.control.errors import HTTPError, error_body
 
 from .backend import PROXY_KEY_HEADER, BackendClient, forward_headers
 from .classify import Classifier

@@ -22,7 +22,7 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from reap_swap.server_ext.errors import HTTPError, error_body
+from reap_swap.server_ext.control.errors import HTTPError, error_body
 
 from .backend import BackendClient, forward_headers
 from .classify import Classifier

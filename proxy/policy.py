@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 from reap_swap.planning.expert_select import select_experts
 from reap_swap.plan import Plan
 from reap_swap.selection import select_layer
-from reap_swap.server_ext.active_set import signature
+from reap_swap.server_ext.control.active_set import signature
 
 Resident = dict[int, tuple[int, ...]]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from reap_swap.planning.corpus import content_text, prompt_text
-from reap_swap.server_ext.errors import HTTPError
+from reap_swap.server_ext.control.errors import HTTPError
 
 
 def _bad(message: str, param: str) -> HTTPError:

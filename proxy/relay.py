@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from reap_swap.server_ext.errors import error_body
+from reap_swap.server_ext.control.errors import error_body
 
 from .backend import HOP_BY_HOP
 from .disconnect import DisconnectWatch

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from cachetools import TTLCache
 
 from reap_swap.selection import to_payload
-from reap_swap.server_ext.active_set import signature
+from reap_swap.server_ext.control.active_set import signature
 
 from .backend import BackendClient, BackendError
 from .policy import Decision, ResidencyPolicy, Resident, Wish

@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("reap_swap.demo:main", "the whole pipeline end to end on the embedded default"),
     "tiny-model": ("reap_swap.models.tiny_cli:main", "build a deterministic tiny Qwen3-MoE test model"),
     "serve": ("reap_swap.server_ext.launcher:main", "serve a model with vLLM + expert-granular residency"),
-    "bench-swap": ("reap_swap.server_ext.bench:main", "benchmark swaps and decode speed on a served model"),
+    "bench-swap": ("reap_swap.benchmarks.swap_bench:main", "benchmark swaps and decode speed on a served model"),
     "observe": ("reap_swap.planning.observe:main", "REAP observation of a model over a calibration corpus"),
     "plan": ("reap_swap.planning.planner:main", "write a plan (core + co-activation slices) under a VRAM budget"),
     "plan-report": ("reap_swap.planning.report:main", "figures and a summary of a plan"),
@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record-traces": ("reap_swap.planning.trace_record:main", "record a model's routing token by token into a routing trace (.npz)"),
     "simulate": ("reap_swap.planning.simulate:main", "replay a routing trace through expert cache policies (static, prior, LRU, LFRU, counters, Belady)"),
     "locality": ("reap_swap.planning.locality:main", "per-layer routing locality of traces: experts for 50/80/90 % mass, token-to-token reuse, vs published Qwen3"),
-    "learned-sets": ("reap_swap.benchmarks.learned_sets_cli:main", "expert sets of the GPU benchmark's learned-routing arms (static top-k, plan, classifier, oracle), scored on traces"),
+    "learned-sets": ("reap_swap.benchmarks.learned.sets_cli:main", "expert sets of the GPU benchmark's learned-routing arms (static top-k, plan, classifier, oracle), scored on traces"),
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from reap_swap.server_ext.online_cache import CacheParams, LayerCache
+from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
 
 
 class Bank:

@@ -15,11 +15,11 @@ import sys
 import numpy as np
 import torch
 
-from reap_swap.server_ext.accounting import RoutingAccounting
-from reap_swap.server_ext.arena import new_arena
-from reap_swap.server_ext.capture import StepLayout
-from reap_swap.server_ext.misses import ALL_REQUESTS, MissLedger
-from reap_swap.server_ext import routing_kernels as rk
+from reap_swap.server_ext.step.accounting import RoutingAccounting
+from reap_swap.server_ext.step.arena import new_arena
+from reap_swap.server_ext.step.capture import StepLayout
+from reap_swap.server_ext.step.misses import ALL_REQUESTS, MissLedger
+from reap_swap.server_ext.step import routing_kernels as rk
 
 
 def remap_cases() -> dict[str, bool]:

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from reap_swap.server_ext.bank import ExpertBank
-from reap_swap.server_ext.cuda_vmm import VmmBacking
+from reap_swap.server_ext.bank.bank import ExpertBank
+from reap_swap.server_ext.bank.cuda_vmm import VmmBacking
 
 
 def main() -> None:

@@ -1,5 +1,8 @@
 """vLLM extension: expert-granular GPU residency, swaps, router-miss accounting, control plane.
 
-Pure logic (``slots``, ``active_set``, ``misses``, ``config``, ``control_plane``) imports no vLLM;
-``layer``, ``worker_ext``, ``http`` and ``launcher`` are the vLLM glue.
+Five rooms, each a package: ``bank`` (storage), ``step`` (per-forward kernels and books), ``cache``
+(the online expert cache), ``cpu_experts`` (the CPU expert path), ``control`` (HTTP control plane,
+no torch). At this level sits the vLLM glue that ties them together: ``layer`` (the routed-experts
+layer), ``worker_ext`` and ``swap_repair`` (the worker extension), ``launcher`` (``reap-swap
+serve``) and ``config`` (settings from the environment, shared by every room).
 """

@@ -26,12 +26,12 @@ from reap_swap.models.families import UnsupportedModelError, layout_for
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
-from . import cpu_path
+from .cpu_experts import cpu_path
 from .cpu_experts.kernel import CpuThreads
-from .auth import is_loopback
+from .control.auth import is_loopback
 
 WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
-MIDDLEWARE = "reap_swap.server_ext.http.ReapControlMiddleware"
+MIDDLEWARE = "reap_swap.server_ext.control.http.ReapControlMiddleware"
 # vLLM's OpenAI server entry module moved in 0.29; both run as __main__.
 SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
 CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}

@@ -28,12 +28,12 @@ from vllm.config import get_current_vllm_config
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from . import config as reap_config
-from .arena import arena_for
-from .bank import ComplementSpec, ExpertBank, PlainBacking
-from . import logical_experts
-from .cpu_path import CpuPathConfigError, CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
-from .online_cache import CacheParams, LayerCache
-from .routing_kernels import remap_and_capture
+from .step.arena import arena_for
+from .bank.bank import ComplementSpec, ExpertBank, PlainBacking
+from .step import logical_experts
+from .cpu_experts.cpu_path import CpuPathConfigError, CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
+from .cache.online_cache import CacheParams, LayerCache
+from .step.routing_kernels import remap_and_capture
 
 logger = logging.getLogger("reap_swap.server_ext")
 
@@ -52,7 +52,7 @@ def _layer_index(layer_name: str) -> int:
 
 def make_backing(device: torch.device) -> Any:
     if device.type == "cuda":
-        from .cuda_vmm import VmmBacking
+        from .bank.cuda_vmm import VmmBacking
 
         return VmmBacking(device)
     return PlainBacking(device)

@@ -17,16 +17,16 @@ import time
 from typing import Any
 
 from . import config as reap_config
-from .accounting import RoutingAccounting
-from .bank import ExpertBank, SwapStats
-from .capture import batch_layout
-from .cpu_path import summarize as cpu_path_summary
-from .exchange import ExchangeCounters
-from .host_memory import process_memory
-from .host_rows import HostRegions
+from .step.accounting import RoutingAccounting
+from .bank.bank import ExpertBank, SwapStats
+from .step.capture import batch_layout
+from .cpu_experts.cpu_path import summarize as cpu_path_summary
+from .bank.exchange import ExchangeCounters
+from .bank.host_memory import process_memory
+from .bank.host_rows import HostRegions
 from .layer import ResidentRoutedExperts
-from .misses import MissLedger
-from .online_cache import LayerCache, check_bijection
+from .step.misses import MissLedger
+from .cache.online_cache import LayerCache, check_bijection
 
 logger = logging.getLogger("reap_swap.server_ext")
 

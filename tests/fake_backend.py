@@ -64,7 +64,7 @@ class FakeBackend:
             self.swaps += 1
             if self.cfg["swap_fail"]:
                 return await self._json(send, {"error": {"message": "failed on purpose", "type": "server_error", "code": "x"}}, 500)
-            from reap_swap.server_ext.active_set import signature
+            from reap_swap.server_ext.control.active_set import signature
 
             active = json.loads(body)["active_set"]
             sig = signature({int(k.removeprefix("layer_")): tuple(v) for k, v in active.items()})

@@ -2,7 +2,7 @@
 
 A probe builds an in-process engine from a JSON spec and writes a JSON result; the test side
 runs it with the CPU engine's environment and looks results up by client id (vLLM decorates
-request ids; ``server_ext.request_ids`` is the one exact matcher).
+request ids; ``server_ext.step.request_ids`` is the one exact matcher).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from reap_swap.server_ext.request_ids import engine_id_matches_exact
+from reap_swap.server_ext.step.request_ids import engine_id_matches_exact
 
 TESTS = Path(__file__).resolve().parent
 CPU_ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

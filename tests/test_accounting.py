@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from reap_swap.server_ext.accounting import RoutingAccounting
-from reap_swap.server_ext.arena import new_arena
-from reap_swap.server_ext.capture import StepLayout
-from reap_swap.server_ext.misses import ALL_REQUESTS, MissLedger
-from reap_swap.server_ext.request_slots import RequestSlots
-from reap_swap.server_ext.routing_kernels import remap_and_capture
+from reap_swap.server_ext.step.accounting import RoutingAccounting
+from reap_swap.server_ext.step.arena import new_arena
+from reap_swap.server_ext.step.capture import StepLayout
+from reap_swap.server_ext.step.misses import ALL_REQUESTS, MissLedger
+from reap_swap.server_ext.step.request_slots import RequestSlots
+from reap_swap.server_ext.step.routing_kernels import remap_and_capture
 
 E, K, ARENA_LAYERS, BANKED = 12, 3, 4, [0, 2, 3]
 HOST = 16  # host row offset

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from reap_swap.plan import parse_plan
-from reap_swap.server_ext.active_set import PayloadError, compute_delta, parse_swap_request, signature
+from reap_swap.server_ext.control.active_set import PayloadError, compute_delta, parse_swap_request, signature
 from tests.conftest import tiny_plan_dict
 
 PLAN = parse_plan(tiny_plan_dict())

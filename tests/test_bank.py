@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reap_swap.server_ext.bank import ExpertBank, PlainBacking
-from reap_swap.server_ext.slots import SlotError
+from reap_swap.server_ext.bank.bank import ExpertBank, PlainBacking
+from reap_swap.server_ext.bank.slots import SlotError
 
 E, S = 8, 3
 

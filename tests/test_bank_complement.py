@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from reap_swap.server_ext.bank import ComplementSpec, ExpertBank, PlainBacking
-from reap_swap.server_ext.slots import SlotError
+from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
+from reap_swap.server_ext.bank.slots import SlotError
 
 E, S, K = 10, 4, 2
 
@@ -106,7 +106,7 @@ def test_cuda_vmm_complement_random_swaps() -> None:
     """
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from reap_swap.server_ext.cuda_vmm import VmmBacking, cu
+    from reap_swap.server_ext.bank.cuda_vmm import VmmBacking, cu
 
     if cu is None:
         pytest.skip("needs cuda-bindings")

@@ -13,9 +13,9 @@ import itertools
 import pytest
 import torch
 
-from reap_swap.server_ext.bank import ExpertBank, PlainBacking, strided_rows
-from reap_swap.server_ext.bank_layout import MAX_PHYSICAL_ROWS, BankLayout, check_kernel_rows, contiguous_layout, page_layout
-from reap_swap.server_ext.promote import copy_rows_reference, copy_rows_triton
+from reap_swap.server_ext.bank.bank import ExpertBank, PlainBacking, strided_rows
+from reap_swap.server_ext.bank.bank_layout import MAX_PHYSICAL_ROWS, BankLayout, check_kernel_rows, contiguous_layout, page_layout
+from reap_swap.server_ext.cache.promote import copy_rows_reference, copy_rows_triton
 
 PAGE = 2 * 2**20
 
@@ -132,7 +132,7 @@ def test_row_copies_on_padded_rows_leave_the_padding_alone(monkeypatch: pytest.M
 
 
 def test_a_complement_bank_keeps_rows_unpadded_and_counts_only_its_host_rows() -> None:
-    from reap_swap.server_ext.bank import ComplementSpec
+    from reap_swap.server_ext.bank.bank import ComplementSpec
 
     gen = torch.Generator().manual_seed(4)
     params = {"w13_weight": torch.nn.Parameter(torch.randn(E, 6, 4, generator=gen), requires_grad=False),

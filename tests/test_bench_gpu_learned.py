@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reap_swap.benchmarks import learned_inputs as li
-from reap_swap.benchmarks.learned_report import markdown, ratios
+from reap_swap.benchmarks.learned import inputs as li
+from reap_swap.benchmarks.learned.report import markdown, ratios
 from reap_swap.planning import traces
 from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute
 

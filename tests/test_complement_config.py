@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reap_swap.server_ext import config as reap_config
-from reap_swap.server_ext.host_memory import process_memory
+from reap_swap.server_ext.bank.host_memory import process_memory
 from reap_swap.server_ext.launcher import build_parser, plan_env
 
 

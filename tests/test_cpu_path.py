@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reap_swap.server_ext import cpu_path as cp
+from reap_swap.server_ext.cpu_experts import cpu_path as cp
 from reap_swap.server_ext.cpu_experts import kernel as K
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
 from reap_swap.server_ext.cpu_experts.step import BankRows
@@ -166,7 +166,7 @@ def test_with_the_online_cache_each_miss_is_promoted_or_split_once() -> None:
     """The layer order on the GPU: the cache's step promotes some misses into slots, then the split
     sees the promoted ids -- a promoted expert is read from its slot, never also sent to the CPU --
     and the merged step equals the all-experts reference."""
-    from reap_swap.server_ext.online_cache import CacheParams, LayerCache
+    from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
 
     bank, off = _layer(e=16, slots=4)
     e, k = bank.num_experts, 4

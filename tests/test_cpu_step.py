@@ -122,7 +122,7 @@ def test_one_program_cuda_split_equals_plan_split() -> None:
 def test_step_reads_padded_bank_rows(h, i):
     """A paged bank pads awkward rows (learned128: 6 KiB -> 8 KiB, bank_layout.py): the step follows the
     row stride and never reads the padding (filled with NaN here)."""
-    from reap_swap.server_ext.bank import strided_rows
+    from reap_swap.server_ext.bank.bank import strided_rows
 
     e, offset, t, k = 16, 4, 2, 8
     ref_bank, w13, w2 = _bank(e, h, i, offset=offset, seed=7)

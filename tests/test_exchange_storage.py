@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from reap_swap.server_ext.exchange import ComplementLayer, ExchangeCounters, plan_batches
-from reap_swap.server_ext.host_rows import HostRegions, HostRowError, LayerHostRows, SpareRow, complement_owners
-from reap_swap.server_ext.slots import SlotError, SlotMove, SlotPlan, SlotTable
+from reap_swap.server_ext.bank.exchange import ComplementLayer, ExchangeCounters, plan_batches
+from reap_swap.server_ext.bank.host_rows import HostRegions, HostRowError, LayerHostRows, SpareRow, complement_owners
+from reap_swap.server_ext.bank.slots import SlotError, SlotMove, SlotPlan, SlotTable
 
 # layer -> (experts, slots, spares, block sizes per parameter)
 LAYERS = {0: (12, 5, 1, (48, 16)), 1: (16, 6, 2, (96,)), 2: (10, 4, 3, (24, 8, 8))}

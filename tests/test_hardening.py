@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from reap_swap.plan import layer_index, parse_plan
-from reap_swap.server_ext.active_set import PayloadError, parse_swap_request
-from reap_swap.server_ext.auth import ControlAuth
+from reap_swap.server_ext.control.active_set import PayloadError, parse_swap_request
+from reap_swap.server_ext.control.auth import ControlAuth
 from reap_swap.server_ext.config import from_env
-from reap_swap.server_ext.control_plane import ControlPlane
-from reap_swap.server_ext.errors import HTTPError
-from reap_swap.server_ext.ratelimit import TokenBucket
-from reap_swap.server_ext.request_ids import engine_id_matches_exact
-from reap_swap.server_ext.slots import SlotTable
+from reap_swap.server_ext.control.control_plane import ControlPlane
+from reap_swap.server_ext.control.errors import HTTPError
+from reap_swap.server_ext.control.ratelimit import TokenBucket
+from reap_swap.server_ext.step.request_ids import engine_id_matches_exact
+from reap_swap.server_ext.bank.slots import SlotTable
 from tests.conftest import tiny_plan_dict
 
 PLAN_DICT = tiny_plan_dict()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reap_swap.benchmarks import learned_sets as ls
+from reap_swap.benchmarks.learned import sets as ls
 from reap_swap.plan import parse_plan
 from reap_swap.planning import traces as tr
 from reap_swap.proxy.classify import Classifier

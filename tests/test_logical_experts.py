@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from reap_swap.server_ext import logical_experts as le
-from reap_swap.server_ext.logical_experts import stock_takes_naive_path, wrap_config_lookup, wrap_expert_assignment
+from reap_swap.server_ext.step import logical_experts as le
+from reap_swap.server_ext.step.logical_experts import stock_takes_naive_path, wrap_config_lookup, wrap_expert_assignment
 
 
 def _fakes() -> tuple[list[Any], Any, Any, Any]:

@@ -1,10 +1,10 @@
-"""server_ext.metrics: residency counters rendered as Prometheus text (pure)."""
+"""server_ext.control.metrics: residency counters rendered as Prometheus text (pure)."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from reap_swap.server_ext.metrics import exposition
+from reap_swap.server_ext.control.metrics import exposition
 
 
 def _samples(text: bytes) -> dict[str, float]:
@@ -38,7 +38,7 @@ def test_middleware_appends_to_plain_text_only_and_survives_a_slow_plane() -> No
 
     import httpx
 
-    from reap_swap.server_ext import http as reap_http
+    from reap_swap.server_ext.control import http as reap_http
 
     async def vllm_metrics(scope, receive, send):  # noqa: ANN001, ANN202 - a stand-in for vLLM's /metrics route
         import gzip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reap_swap.server_ext.misses import ALL_REQUESTS, MissLedger, client_request_id, engine_id_matches
+from reap_swap.server_ext.step.misses import ALL_REQUESTS, MissLedger, client_request_id, engine_id_matches
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The online expert cache's device core (``server_ext/online_cache.py``) on CPU tensors:
+"""The online expert cache's device core (``server_ext/cache/online_cache.py``) on CPU tensors:
 rules by hand, adversarial safety (routed and protected experts are never evicted, the cap
 holds), a consistent table over thousands of random steps with the right bytes behind it,
 the promotion copy (torch reference and Triton under its interpreter), and per-step parity
@@ -15,8 +15,8 @@ import torch
 from reap_swap.planning import simulate as sim
 from reap_swap.planning.cache_policies import LFRU
 from reap_swap.planning.traces import DECODE, PREFILL, load
-from reap_swap.server_ext.online_cache import CacheParams, LayerCache, check_bijection
-from reap_swap.server_ext.promote import copy_rows_triton, promote_copy_reference, promote_copy_triton
+from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache, check_bijection
+from reap_swap.server_ext.cache.promote import copy_rows_triton, promote_copy_reference, promote_copy_triton
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "benchmarks" / "traces"

@@ -1,4 +1,4 @@
-"""The online cache in RAM-complement mode (``server_ext/online_cache.py`` with ``host_rows``), on CPU tensors:
+"""The online cache in RAM-complement mode (``server_ext/cache/online_cache.py`` with ``host_rows``), on CPU tensors:
 the host bank holds only non-resident experts plus spares, so every eviction writes the victim's
 slot into a spare row and the promoted expert's old row becomes a spare (rotation, no host memcpy).
 Thousands of random steps keep one home per expert with its bytes behind it, the policy is
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from reap_swap.server_ext.host_rows import complement_owners
-from reap_swap.server_ext.online_cache import CacheParams, LayerCache, check_bijection
-from reap_swap.server_ext.promote import copy_rows, copy_rows_triton, exchange_rows_reference, exchange_rows_triton
+from reap_swap.server_ext.bank.host_rows import complement_owners
+from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache, check_bijection
+from reap_swap.server_ext.cache.promote import copy_rows, copy_rows_triton, exchange_rows_reference, exchange_rows_triton
 from tests.test_online_cache import Layer, _adversarial_ids
 
 GARBAGE = 0x5A
@@ -182,7 +182,7 @@ def test_fused_exchange_kernel_equals_the_two_copies(monkeypatch: pytest.MonkeyP
 def test_steps_with_the_fused_exchange_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import reap_swap.server_ext.online_cache as oc
+    import reap_swap.server_ext.cache.online_cache as oc
 
     rng = np.random.default_rng(9)
     a, b = RamLayer(12, 4, spares=2, cap=2, start=(0, 1, 2, 3)), RamLayer(12, 4, spares=2, cap=2, start=(0, 1, 2, 3))
@@ -205,9 +205,9 @@ def test_steps_with_the_fused_exchange_equal_the_reference(monkeypatch: pytest.M
 
 
 def test_the_control_plane_adopts_the_caches_rows_and_counts_its_exchanges() -> None:
-    from reap_swap.server_ext.exchange import ComplementLayer
-    from reap_swap.server_ext.host_rows import HostRowError, LayerHostRows
-    from reap_swap.server_ext.slots import SlotTable
+    from reap_swap.server_ext.bank.exchange import ComplementLayer
+    from reap_swap.server_ext.bank.host_rows import HostRowError, LayerHostRows
+    from reap_swap.server_ext.bank.slots import SlotTable
 
     table = SlotTable(6, 2, 2)
     table.assign([0, 1])

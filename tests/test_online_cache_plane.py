@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from reap_swap.server_ext import config as reap_config
-from reap_swap.server_ext.accounting import RoutingAccounting, accumulate_promotions
-from reap_swap.server_ext.arena import new_arena
-from reap_swap.server_ext.capture import StepLayout
-from reap_swap.server_ext.control_plane import ControlPlane
+from reap_swap.server_ext.step.accounting import RoutingAccounting, accumulate_promotions
+from reap_swap.server_ext.step.arena import new_arena
+from reap_swap.server_ext.step.capture import StepLayout
+from reap_swap.server_ext.control.control_plane import ControlPlane
 from reap_swap.server_ext.launcher import build_parser, plan_env
-from reap_swap.server_ext.misses import MissLedger
-from reap_swap.server_ext.slots import SlotError, SlotTable
+from reap_swap.server_ext.step.misses import MissLedger
+from reap_swap.server_ext.bank.slots import SlotError, SlotTable
 from tests.conftest import tiny_plan_dict
 
 
@@ -162,7 +162,7 @@ def test_without_the_cache_nothing_is_read_back(tmp_path: Path) -> None:
 
 
 def test_bijection_checker_names_the_problem() -> None:
-    from reap_swap.server_ext.online_cache import check_bijection
+    from reap_swap.server_ext.cache.online_cache import check_bijection
 
     assert check_bijection([2, -1], [4, 5, 0], 4) == []
     assert any("two slots" in p for p in check_bijection([2, 2], [4, 5, 0], 4))

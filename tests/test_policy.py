@@ -5,7 +5,7 @@ from __future__ import annotations
 from reap_swap.plan import parse_plan
 from reap_swap.proxy.policy import ResidencyPolicy, Wish
 from reap_swap.proxy.prompts import prompt_from_body
-from reap_swap.server_ext.active_set import signature
+from reap_swap.server_ext.control.active_set import signature
 from tests.conftest import tiny_plan_dict
 
 # core 0-3, slices of 4 (4-7, 8-11, 12-15), capacity 8: one slice fits per layer

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from reap_swap.server_ext import routing_kernels as rk
+from reap_swap.server_ext.step import routing_kernels as rk
 
 triton = pytest.importorskip("triton")
 
@@ -108,7 +108,7 @@ def test_accumulate_triton_equals_reference(interpret: None, rows: int) -> None:
 
 @pytest.mark.parametrize("cap,rows", [(1, 3), (4, 13), (5, 300)])
 def test_promotion_booking_triton_equals_reference(interpret: None, cap: int, rows: int) -> None:
-    from reap_swap.server_ext.accounting import accumulate_promotions_reference, accumulate_promotions_triton
+    from reap_swap.server_ext.step.accounting import accumulate_promotions_reference, accumulate_promotions_triton
 
     arena_layers, max_rows, slots = 4, 320, 6
     gen = torch.Generator().manual_seed(cap * 1000 + rows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reap_swap.server_ext.slots import SlotError, SlotTable
+from reap_swap.server_ext.bank.slots import SlotError, SlotTable
 
 
 def fill(table: SlotTable, target: tuple[int, ...]) -> None:

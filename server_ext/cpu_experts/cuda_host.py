@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..cuda_vmm import _CudaArray
+from ..bank.cuda_vmm import _CudaArray
 
 _CU_MEMHOSTALLOC_PORTABLE = 0x01
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02

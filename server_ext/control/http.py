@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import config as reap_config
+from .. import config as reap_config
 from .auth import TOKEN_HEADER, ControlAuth, is_loopback
 from .control_plane import ControlPlane
 from .errors import HTTPError, error_body

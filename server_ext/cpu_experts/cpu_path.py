@@ -27,11 +27,11 @@ from typing import Any, Mapping
 
 import torch
 
-from .config import ResidencyConfigError, _bool_env, _float_env, _int_env
-from .cpu_experts.kernel import CpuThreads
-from .cpu_experts.split import CostModel, plan_split
-from .cpu_experts.step import BankRows, CpuStep, Staging
-from .cpu_experts.team import spin_us_from_env
+from ..config import ResidencyConfigError, _bool_env, _float_env, _int_env
+from .kernel import CpuThreads
+from .split import CostModel, plan_split
+from .step import BankRows, CpuStep, Staging
+from .team import spin_us_from_env
 
 ENV_CPU_EXPERTS = "REAP_CPU_EXPERTS"
 ENV_LINK_GBPS = "REAP_CPU_EXPERTS_LINK_GBPS"
@@ -133,7 +133,7 @@ class LayerCpuPath:
         if valid_rows is None:
             valid_rows = self.all_rows
         if self.fused:
-            from .cpu_experts.split_triton import Post, split_and_stage
+            from .split_triton import Post, split_and_stage
 
             t = int(topk_ids.shape[0])
             post = Post(x.contiguous(), job.x[:t], job.team.mailbox, self.expected, job.job_address(t),  # range-checks t
@@ -164,7 +164,7 @@ class LayerCpuPath:
         t = pending.shape[0]
         if not self.fused:
             return self.step_job.merge(per_k.view(t, self.top_k, -1), pending).view(per_k.shape)
-        from .cpu_experts.split_triton import wait_and_merge
+        from .split_triton import wait_and_merge
 
         rows = per_k if per_k.is_contiguous() else per_k.contiguous()
         job = self.step_job

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gpu_report import _fmt, _get, _ratio, run_header
-from .shapes import MoeShape
+from ..gpu_report import _fmt, _get, _ratio, run_header
+from ..shapes import MoeShape
 
 REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement")
 LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"

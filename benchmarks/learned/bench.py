@@ -1,4 +1,4 @@
-"""``reap-swap bench-gpu --trace T --sets S``: the arms on learned routing, side by side (specs for ``learned_arm``).
+"""``reap-swap bench-gpu --trace T --sets S``: the arms on learned routing, side by side (specs for ``learned.arm``).
 
 Every arm's MoE layers replay trace T (a trained model's routing), so the
 dummy-weight model moves and computes exactly the experts a real workload
@@ -41,7 +41,7 @@ from typing import Any
 
 from reap_swap.planning import traces
 
-from .learned_inputs import (
+from .inputs import (
     SetsError,
     classifier_set,
     default_trace_layers,
@@ -53,13 +53,13 @@ from .learned_inputs import (
     predicted,
     select_bs1,
 )
-from .shapes import MoeShape
+from ..shapes import MoeShape
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
         "reap_cache_complement", "reap_static_cpu")
 PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
-RUNNER = "reap_swap.benchmarks.learned_arm"
+RUNNER = "reap_swap.benchmarks.learned.arm"
 
 
 def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> tuple[list[dict[str, Any]], dict[str, Any]]:

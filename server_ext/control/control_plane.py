@@ -28,10 +28,10 @@ from reap_swap.plan import LayerPlan, Plan, PlanError, check_plan_fits_model
 
 from .active_set import PayloadError, ResidentSets, SwapRequest, compute_delta, parse_swap_request, signature
 from .cartridges import CartridgeStore, check_id
-from .config import ResidencyConfig
+from ..config import ResidencyConfig
 from .errors import HTTPError
 from .metrics import exposition
-from .misses import ALL_REQUESTS
+from ..step.misses import ALL_REQUESTS
 from .ratelimit import TokenBucket
 
 Rpc = Callable[..., Awaitable[list[Any]]]

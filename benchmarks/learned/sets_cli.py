@@ -10,7 +10,7 @@ Steps (each recorded, with its command, inputs' hashes and time, in the JSON's `
    search each); the classifier is then chosen across feature sets with ``train.choose`` (same
    folds, same rule as ``--features auto``). Feature sets with the model's own routing need
    its weights and are left out when the model directory has none;
-4. the sets (``benchmarks/learned_sets.py``) and their scores on every ``--trace``.
+4. the sets (``benchmarks/learned/sets.py``) and their scores on every ``--trace``.
 
 Prompts: trace request ids are corpus sample ids; each request's prompt is the sample's
 ``prompt`` (what ``record-traces`` sent as the user turn), matched by (id, source, tags) in
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from reap_swap.benchmarks import learned_sets as ls
+from reap_swap.benchmarks.learned import sets as ls
 
 GIB = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

@@ -30,8 +30,8 @@ import numpy as np
 
 from reap_swap.planning.traces import RoutingTrace
 
-from .learned_sets import SetsError  # the one error of a bad sets file, re-exported for the bench
-from .trace_routing import prompt_lengths
+from .sets import SetsError  # the one error of a bad sets file, re-exported for the bench
+from ..trace_routing import prompt_lengths
 
 LayerSets = dict[int, list[int]]
 """Trace layer -> resident experts."""

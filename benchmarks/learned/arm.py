@@ -1,4 +1,4 @@
-"""One learned-routing arm of ``reap-swap bench-gpu --trace`` (``python -m reap_swap.benchmarks.learned_arm SPEC OUT``).
+"""One learned-routing arm of ``reap-swap bench-gpu --trace`` (``python -m reap_swap.benchmarks.learned.arm SPEC OUT``).
 
 Every MoE layer replays the trace (``trace_routing_vllm``, installed before
 ``LLM()``), and every engine request is told which trace request it replays,
@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, arm_main
-from .learned_inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
+from ..gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, arm_main
+from .inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
 
 T0 = time.perf_counter()
 Prompts = dict[int, list[int]]
@@ -199,7 +199,7 @@ def offload_placement(model: Any) -> dict[str, Any]:
     """
     import torch
 
-    from .llm_probe import layer_index
+    from ..llm_probe import layer_index
 
     out: dict[int, list[int]] = {}
     for name, p in model.named_parameters():
@@ -248,7 +248,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     from reap_swap.benchmarks import llm_probe as probe
     from reap_swap.benchmarks import trace_routing_vllm as trv
     from reap_swap.planning import traces
-    from reap_swap.server_ext.host_memory import process_memory  # the arm's RSS: the engine runs in this process
+    from reap_swap.server_ext.bank.host_memory import process_memory  # the arm's RSS: the engine runs in this process
 
     res.save("spec", {k: v for k, v in spec.items() if not k.startswith("ref_tokens")})
     res.save("versions", _versions())
@@ -321,7 +321,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return arm_main(run, "learned_arm", argv)
+    return arm_main(run, "learned.arm", argv)
 
 
 if __name__ == "__main__":
