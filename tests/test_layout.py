@@ -231,3 +231,21 @@ def test_readme_layout_table_matches_the_tree():
         named = set(re.findall(r"`([\w]+\.py)`", rows[f"server_ext/{room}/"]))
         unnamed = [m for m in modules if m not in named]
         assert not unnamed, f"README layout table: server_ext/{room}/ leaves out {unnamed}"
+
+
+def test_vllm_class_paths_resolve():
+    """The classes ``serve`` hands vLLM, and the middleware's path from before the rooms, resolve as vLLM resolves them."""
+    import importlib
+
+    from reap_swap.server_ext import launcher
+
+    def resolve(qualname: str) -> object:
+        module, _, attr = qualname.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+
+    middleware = resolve(launcher.MIDDLEWARE)
+    assert launcher.MIDDLEWARE == "reap_swap.server_ext.control.http.ReapControlMiddleware"
+    assert resolve("reap_swap.server_ext.http.ReapControlMiddleware") is middleware
+    assert resolve(launcher.WORKER_EXTENSION).__name__ == "RepairingWorkerExtension"
+    readme = (REPO / "README.md").read_text()
+    assert launcher.MIDDLEWARE in readme and launcher.WORKER_EXTENSION in readme
