@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The CUDA self-checks (no vLLM) over the re-laid-out server_ext (issue 30): the code that only runs on
+# CUDA -- the VMM bank, the Triton remap/capture and accounting kernels, the online cache's fused step,
+# the CPU path's split/merge kernels and mapped staging -- imported from its new rooms and checked
+# against the CPU references. One device `run` call: bash scripts/gpu_relayout_check.sh $OUT
+set -u
+OUT=${1:?output dir}
+R=$PWD
+export PYTHONUNBUFFERED=1
+source $R/scripts/device_shim.sh
+W=/tmp/relayout; rm -rf $W; mkdir -p $W $OUT
+export REAP_CPU_EXPERT_CPUS=${REAP_CPU_EXPERT_CPUS:-2-$(( $(nproc) - 1 ))}
+run() { local name=$1 limit=$2; shift 2
+  (cd /tmp && timeout $limit python3 "$@") > $W/$name.log 2>&1; local rc=$?
+  echo "$name rc=$rc"; echo "$name $rc" >> $W/rc.txt; }
+run vmm 120 $R/scripts/gpu_vmm_check.py --out $W/vmm_check.json
+run routing 120 $R/scripts/gpu_routing_check.py
+run online_cache 150 $R/scripts/gpu_online_cache_check.py --steps 200
+run cpu_path 200 $R/scripts/gpu_cpu_path_check.py $W/cpu_path_check.json
+tar -C $W -czf $OUT/relayout_check.tgz .   # one file back: logs (each check's JSON) and rc.txt
+cat $W/rc.txt
