@@ -1,8 +1,9 @@
 """Choose the router aux-loss and init for learned128 v2 by measuring locality on held-out text, cheaply.
 
 Why: the GPU budget allows one real training run, so the router settings are chosen on CPU
-proxies first: the same routing shape (128 experts, top-8) at a tiny hidden size, trained a few
-hundred steps per setting on the same corpus, each then decoding a held-out workload (the
+proxies first: a tiny hidden size and the same share of experts per token as the real model
+(K/E = 1/16: 128 experts top-8, or on a busy 2-core box 32 experts top-2, counts scaled to 128),
+trained a hundred-odd steps per setting on the same corpus, each then decoding a held-out workload (the
 realistic test split and the template prompts, never trained on) whose routing trace
 ``reap-swap locality`` measures. Every run tried is written to the result JSON, not just the best.
 
@@ -94,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--record-batch", type=int, default=20)
     ap.add_argument("--only", type=int, nargs="*", help="indices of SETTINGS to run (default all)")
+    ap.add_argument("--experts", type=int, default=128, help="proxy experts (keep experts/top-k = 16)")
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=6)
     args = ap.parse_args(argv)
+    PROXY.update(num_experts=args.experts, num_experts_per_tok=args.top_k, num_hidden_layers=args.layers)
     args.work.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if args.out.is_file():  # keep earlier runs of the sweep (every run tried is reported)

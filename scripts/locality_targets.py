@@ -51,7 +51,7 @@ def distance(check: dict[str, Any]) -> float:
         v = check["values"][k]
         if v is None:
             return float("inf")
-        width = (hi - lo) if hi < 1.0 else 0.05
+        width = 0.05 if k == "reuse_within_8" else hi - lo
         d += max(0.0, lo - v, v - hi) / width
     return d + (0.0 if check["met"]["late_more_concentrated"] else 1.0)
 
