@@ -36,11 +36,11 @@ if [ "${SMOKE:-0}" = 1 ]; then
     --set moe_intermediate_size=8"
   WIDE="8 4"; HELD="14 6"; NEW=9; GNEW=5; PROMPT=48; BATCH=8; TOKDOM=256
 else
-  DEV=cuda; TRAIN_MIN=8.75; TRAIN_TIMEOUT=548; RESERVE=35; FIN_MIN=3.0; FRESH_MIN=4.0; SIB_MIN=1.1; SIB_TIMEOUT=90; SIB_RESERVE=18
+  DEV=cuda; TRAIN_MIN=8.75; TRAIN_TIMEOUT=548; RESERVE=50; FIN_MIN=3.0; FRESH_MIN=3.0; SIB_MIN=1.1; SIB_TIMEOUT=90; SIB_RESERVE=18
   # 24 MoE layers x 128 experts top-8 (Qwen3-30B-A3B's routing shape), hidden 512, 8 heads x 64, 4 KV heads,
   # expert FFN 128: 0.65 B params (1.3 GB bf16), 16 k tokens a step; --pick-impl-steps times the dense path
   # against HF grouped_mm on the real shapes and keeps the faster.
-  SHAPE="--batch-size 32 --seq-len 512 --lr 2e-3 --warmup-steps 150 --eval-every 0 --eval-windows 64 --ckpt-every-s 150
+  SHAPE="--batch-size 32 --seq-len 512 --lr 2e-3 --warmup-steps 150 --eval-every 0 --eval-windows 64 --ckpt-every-s 180
     --pick-impl-steps ${PICK:-6} --set num_experts=128 --set num_experts_per_tok=8 --set num_hidden_layers=24 --set hidden_size=512
     --set num_attention_heads=8 --set num_key_value_heads=4 --set head_dim=64 --set moe_intermediate_size=128"
   SIBSHAPE="--batch-size 128 --seq-len 512 --eval-every 0 --eval-windows 64 --set num_experts=128 --set num_experts_per_tok=8
@@ -98,7 +98,7 @@ timeout 30 python3 $R/scripts/locality_targets.py --reports $V/locality_all.json
 if [ "${SIBLING:-1}" != 0 ] && { [ "${SMOKE:-0}" = 1 ] || [ $(left 480) -gt 100 ]; }; then
   timeout $SIB_TIMEOUT python3 models/train/train_moe.py --data $DATA --out $SIB --device $DEV --minutes $SIB_MIN --reserve-s $SIB_RESERVE $ROUTER $SIBSHAPE \
     > $L/train_sib.log 2>&1 || echo "sibling training exited $?" >> $L/train_sib.log
-  timeout $(cap 45 530) python3 $R/models/train/routing_report.py --model $SIB --data $DATA --random --out $SIB/routing.json >> $L/report.log 2>&1
+  timeout $(cap 60 530) python3 $R/models/train/routing_report.py --model $SIB --data $DATA --random --out $SIB/routing.json >> $L/report.log 2>&1
   [ -f $SIB/model.safetensors ] && tar -C $V -cJf $OUT/sibling_v2.tar.xz learned128_cpu
 else echo "sibling skipped ($(left 480) s left)" >> $L/finish.log
 fi

@@ -76,3 +76,16 @@ def test_checkpoint_resume_continues_the_schedule(train_moe, tmp_path: Path) -> 
     steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert steps[:4] == [1, 2, 3, 4] and steps[4:] == [4, 5, 6]  # appended, continuing at the checkpoint's step
     assert (out / "model.safetensors").is_file()
+
+
+def test_impl_trial_keeps_a_working_forward(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    """--pick-impl-steps times dense and grouped_mm on the real shapes; whatever fails, training goes on with a timed one."""
+    data = _packed(tmp_path / "data.npz")
+    out = tmp_path / "run"
+    assert train_moe.main(["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--batch-size", "2",
+                           "--seq-len", "32", "--eval-windows", "1", "--eval-every", "0", "--minutes", "0.5", "--reserve-s", "10",
+                           "--calib-steps", "2", "--pick-impl-steps", "1", *TINY]) == 0
+    ev = json.loads((out / "eval.json").read_text())
+    timed = {k: v for k, v in ev["impl_trial_ms_per_step"].items() if not k.endswith("_error")}
+    assert "dense" in timed and ev["moe_impl"] in ("dense", "hf") and ev["steps"] >= 5
+    assert (ev["moe_impl"] == "dense") == (min(timed, key=timed.get) == "dense")

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true",
                     help="continue from --ckpt if it exists (same schedule, shrunk to fit this run's time budget)")
     ap.add_argument("--pick-impl-steps", type=int, default=0,
-                    help="on CUDA, time this many steps each of the dense path and HF grouped_mm, keep the faster (0: off)")
+                    help="time this many steps each of the dense path and HF grouped_mm, keep the faster (0: off; time-budget runs only)")
     ap.add_argument("--moe-impl", default="auto", choices=["auto", "dense", "hf"],
                     help="dense: all-expert GEMMs (moe_dense.py); hf: transformers' own MoE forward; "
                          "auto: dense on CUDA (big GEMMs, no host syncs), hf on CPU (fewer FLOPs)")
@@ -328,19 +328,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def set_impl(name: str) -> None:
         """Switch the MoE forward between the dense patch and HF's grouped_mm experts (same parameters)."""
+        patched = any("forward" in m.__dict__ and hasattr(m, "_dense_top_k") for m in model.modules())
         if name == "dense":
-            if args.moe_impl != "dense":
+            if not patched:
                 patch_dense_moe(model)
             args.moe_impl, args.experts_impl = "dense", None
             return
-        if args.moe_impl == "dense":
+        if patched:
             unpatch_dense_moe(model)
+        args.moe_impl, args.experts_impl = "hf", "grouped_mm"  # the state says unpatched even if the setter fails
         setter = getattr(model, "set_experts_implementation", None)
         if callable(setter):
             setter("grouped_mm")
         else:
             model.config._experts_implementation = "grouped_mm"
-        args.moe_impl, args.experts_impl = "hf", "grouped_mm"
 
     def pick_impl(step: int) -> int:
         """Time --pick-impl-steps real training steps with each MoE forward and keep the faster; returns steps run.
@@ -366,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                 impl_trial[name] = round((time.time() - t0) / n * 1000, 2)
             except Exception as exc:  # noqa: BLE001 - a candidate that fails is not used
                 opt.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
                 impl_trial[name + "_error"] = -1.0
                 log(f"MoE forward {name} failed in the trial ({exc!r})")
         timed = {k: v for k, v in impl_trial.items() if not k.endswith("_error")}
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"MoE forward trial (ms/step): {timed} -> {best}")
         return done
 
-    if args.pick_impl_steps > 0 and device.type == "cuda" and args.steps <= 0:
+    if args.pick_impl_steps > 0 and args.steps <= 0:
         step += pick_impl(step)
     calib_at = step + 4
     while step < total_steps:
