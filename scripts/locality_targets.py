@@ -22,25 +22,39 @@ TARGETS: dict[str, tuple[float, float]] = {
 }
 
 
-def targets_check(rep: dict[str, Any]) -> dict[str, Any]:
-    """The four numbers of one locality report (decode tokens, mean over layers) and whether each is met.
+def _mean(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
 
-    Expert counts are scaled to 128 experts when a trace has fewer.
+
+def targets_check(rep: dict[str, Any], phase: str = "decode") -> dict[str, Any]:
+    """The four numbers of one locality report (mean over layers) and whether each is met.
+
+    ``phase`` "decode" is the issue's measure (the model's own generated tokens); "prefill" reads the
+    same numbers off the teacher-forced prompt tokens, real held-out text, which is what an
+    undertrained proxy can be judged on (its own samples loop). Expert counts are scaled to 128
+    experts when a trace has fewer.
     """
-    el = rep["early_late"]
     scale = 128 / rep["num_experts"]
-    m90 = el["mass_90_decode"]["all"]
+    if phase == "decode":
+        el = rep["early_late"]
+        m90, early, late = el["mass_90_decode"]["all"], el["mass_90_decode"]["early"], el["mass_90_decode"]["late"]
+        reuse, within = el["reuse_next_token"]["all"], el["reuse_within_8"]["all"]
+    else:
+        per_layer = rep["coverage"]["workload"][phase]["mass"]["90"]
+        third = max(1, len(per_layer) // 3)
+        m90, early, late = _mean(per_layer), _mean(per_layer[:third]), _mean(per_layer[-third:])
+        reuse, within = _mean(rep["reuse"]["next_token"][phase]), _mean(rep["reuse"]["within_8"][phase])
     nums = {
         "experts_for_90pct_mass": None if m90 is None else m90 * scale,
-        "reuse_next_token": el["reuse_next_token"]["all"],
-        "reuse_within_8": el["reuse_within_8"]["all"],
-        "mass_90_decode_first_third": el["mass_90_decode"]["early"],
-        "mass_90_decode_last_third": el["mass_90_decode"]["late"],
+        "reuse_next_token": reuse,
+        "reuse_within_8": within,
+        f"mass_90_{phase}_first_third": early,
+        f"mass_90_{phase}_last_third": late,
     }
     met = {k: (nums[k] is not None and lo <= nums[k] <= hi) for k, (lo, hi) in TARGETS.items()}
-    early, late = nums["mass_90_decode_first_third"], nums["mass_90_decode_last_third"]
     met["late_more_concentrated"] = early is not None and late is not None and late < early
-    return {"values": nums, "met": met, "met_count": sum(met.values())}
+    return {"phase": phase, "values": nums, "met": met, "met_count": sum(met.values())}
 
 
 def distance(check: dict[str, Any]) -> float:
@@ -61,7 +75,7 @@ def summary(rep: dict[str, Any]) -> dict[str, Any]:
     doms = rep["coverage"]["by_domain"]
     return {"trace": rep["trace"], "requests": rep["requests"], "tokens": rep["tokens"],
             "domains": {d: v["requests"] for d, v in sorted(doms.items())}, "targets": targets_check(rep),
-            "distance_to_targets": round(distance(targets_check(rep)), 3)}
+            "distance_to_targets": round(distance(targets_check(rep)), 3), "prefill_same_numbers": targets_check(rep, "prefill")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,3 +89,21 @@ def test_impl_trial_keeps_a_working_forward(train_moe, tmp_path: Path) -> None: 
     timed = {k: v for k, v in ev["impl_trial_ms_per_step"].items() if not k.endswith("_error")}
     assert "dense" in timed and ev["moe_impl"] in ("dense", "hf") and ev["steps"] >= 5
     assert (ev["moe_impl"] == "dense") == (min(timed, key=timed.get) == "dense")
+
+
+def test_per_layer_balance_sees_what_the_concatenated_loss_hides(train_moe) -> None:  # noqa: ANN001
+    """Layer 0 sends every token to expert 0 and layer 1 to expert 1: concatenated over layers that looks
+    half balanced; per layer both are fully collapsed."""
+    import torch
+
+    e, k = 4, 1
+    l0 = torch.full((6, e), -9.0)
+    l0[:, 0] = 9.0
+    l1 = torch.full((6, e), -9.0)
+    l1[:, 1] = 9.0
+    concat = float(train_moe.balance_loss((l0, l1), e, k))
+    per_layer = float(train_moe.per_layer_balance_loss((l0, l1), e, k))
+    assert per_layer == pytest.approx(e * 1.0, rel=1e-3)  # all load and all probability on one expert
+    assert concat == pytest.approx(e * 2 * 0.5 * 0.5, rel=1e-3) and per_layer > concat
+    uniform = torch.zeros(6, e)
+    assert float(train_moe.per_layer_balance_loss((uniform, uniform), e, k)) == pytest.approx(1.0, abs=0.5)

@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--aux-coef", type=float, default=0.01, help="router_aux_loss_coef")
+    ap.add_argument("--aux-per-layer", action="store_true",
+                    help="balance each MoE layer on its own (the mean of per-layer Switch losses); HF's loss concatenates "
+                         "all layers' logits first, so one layer's busy expert e can be offset by another layer's idle e")
     ap.add_argument("--router-z-coef", type=float, default=0.0,
                     help="router z-loss coefficient (ST-MoE: mean logsumexp(router logits)^2); keeps router logits small")
     ap.add_argument("--router-init-std", type=float, default=None,
@@ -93,13 +96,15 @@ def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it) and the router z-loss."""
+def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer) and the router z-loss."""
     out = model(input_ids=x, output_router_logits=True, use_cache=False)
     logits = out.logits
     lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
     aux = getattr(out, "aux_loss", None)
-    if aux is None or not torch.is_tensor(aux):
+    if per_layer:
+        aux = per_layer_balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    elif aux is None or not torch.is_tensor(aux):
         aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
     return lm, aux.float(), router_z_loss(out.router_logits, cfg.num_experts)
 
@@ -108,6 +113,14 @@ def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tens
     """Next-token CE and the router balance loss (kept for callers of the old pair)."""
     lm, aux, _ = lm_aux_z(model, x, y, cfg)
     return lm, aux
+
+
+def per_layer_balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
+    """Mean over MoE layers of each layer's own Switch loss (balanced = top_k, as HF's concatenated one)."""
+    parts = router_logits if isinstance(router_logits, (list, tuple)) else list(router_logits.unbind(0)) \
+        if torch.is_tensor(router_logits) and router_logits.ndim == 3 else [router_logits]
+    losses = [balance_loss([t], n_exp, top_k) for t in parts if torch.is_tensor(t)]
+    return torch.stack(losses).mean()
 
 
 def _router_logit_rows(router_logits, n_exp: int) -> torch.Tensor:
@@ -285,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
         batch = train[starts[:, None] + span].long()
         with amp():
-            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config)
+            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer)
             loss = lm + args.aux_coef * aux + (args.router_z_coef * z.to(lm.device) if args.router_z_coef else 0.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
