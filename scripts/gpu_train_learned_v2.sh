@@ -23,8 +23,9 @@ cap() { [ "${SMOKE:-0}" = 1 ] && { echo $1; return; }; local t; t=$(left ${2:-54
 # Python runs from /tmp (outside the repo root, so the shim's reap_swap wins); `timeout` needs a program, not a function
 RS="import sys; from reap_swap.cli import main; sys.exit(main(sys.argv[1:]))"
 
-# Router settings chosen by the CPU sweep (benchmarks/results/locality_v2_sweep_cpu.json).
-ROUTER=${ROUTER:---aux-coef 0.01}
+# Router settings chosen by the CPU sweep (benchmarks/results/locality_v2_sweep_cpu.json, "chosen"): each layer
+# balanced on its own; HF's concatenated loss let v1's layers collapse (46.5 experts for 90 % mass, target 55-70).
+ROUTER=${ROUTER:---aux-coef 0.01 --aux-per-layer}
 if [ "${SMOKE:-0}" = 1 ]; then
   # this 2-core box is shared: python + data load alone take up to a minute, so budgets are minutes, not seconds
   DEV=cpu; TRAIN_MIN=2.5; TRAIN_TIMEOUT=240; RESERVE=15; FIN_MIN=2.0; FRESH_MIN=2.0; SIB_MIN=2.0; SIB_TIMEOUT=200; SIB_RESERVE=15
