@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,21 +70,63 @@ def record_request(model: Any, layout: Any, input_ids: list[int], max_new_tokens
     return phase, ids, weights
 
 
-def stratified(samples: list[Any], n: int) -> list[Any]:
-    """Up to ``n`` samples taking domains (first tag, else source) in turn, each in file order.
+def domain_of(sample: Any) -> str:
+    """A sample's domain: its first tag, else its source (as ``reap-swap locality`` groups requests)."""
+    return str((list(sample.tags) or [sample.source])[0])
 
-    Corpus files are often sorted by domain; their first ``n`` lines would be one domain.
-    """
-    groups: dict[str, list[Any]] = {}
-    for s in samples:
-        groups.setdefault(str((list(s.tags) or [s.source])[0]), []).append(s)
+
+def shape_of(sample: Any) -> str:
+    """A sample's chat shape: its ``style:`` tag (paste, short, multi, long, log, editor), else ``plain``."""
+    return next((t.split(":", 1)[1] for t in sample.tags if str(t).startswith("style:")), "plain")
+
+
+def _round_robin(queues: list[list[Any]], n: int) -> list[Any]:
     out: list[Any] = []
-    queues = list(groups.values())
+    queues = [list(q) for q in queues]
     while len(out) < n and any(queues):
         for q in queues:
             if q and len(out) < n:
                 out.append(q.pop(0))
     return out
+
+
+def stratified(samples: list[Any], n: int) -> list[Any]:
+    """Up to ``n`` samples taking domains in turn and, within a domain, chat shapes in turn (file order in each).
+
+    Corpus files are often sorted by domain; their first ``n`` lines would be one domain, and one shape
+    (the most common, a paste) would dominate each domain's share.
+    """
+    by_domain: dict[str, dict[str, list[Any]]] = {}
+    for s in samples:
+        by_domain.setdefault(domain_of(s), {}).setdefault(shape_of(s), []).append(s)
+    per_domain = [_round_robin(list(shapes.values()), len(samples)) for shapes in by_domain.values()]
+    return _round_robin(per_domain, n)
+
+
+def per_file_counts(per_file: int | list[int] | None, files: int) -> list[int] | None:
+    """``--per-file`` as one count per corpus file: one value for every file, or one value each."""
+    if not per_file:
+        return None
+    counts = [int(per_file)] * files if isinstance(per_file, int) else [int(n) for n in per_file]
+    if len(counts) == 1:
+        counts *= files
+    if len(counts) != files or min(counts) < 1:
+        raise ValueError(f"--per-file needs one count, or one per corpus file ({files}), each >= 1: {per_file}")
+    return counts
+
+
+def workload(corpus: list[Path], render: Any, per_file: int | list[int] | None, max_requests: int | None) -> list[Any]:
+    """The requests to record: with ``per_file``, each file stratified, then the files taken in turn."""
+    counts = per_file_counts(per_file, len(corpus))
+    if counts:
+        return _round_robin([stratified(read_corpus([path], render)[0], n) for path, n in zip(corpus, counts)], sum(counts))
+    return read_corpus(corpus, render, max_requests)[0]
+
+
+def request_meta(sample: Any, prompt_tokens: int, decode_tokens: int) -> dict[str, Any]:
+    """What a recorded request is: its domain, chat shape, tags, file and lengths (trace ``meta.requests``)."""
+    return {"source": sample.source, "tags": list(sample.tags), "split": sample.file, "domain": domain_of(sample), "shape": shape_of(sample),
+            "prompt_tokens": int(prompt_tokens), "decode_tokens": int(decode_tokens)}
 
 
 def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int, pad_id: int, eos_ids: set[int]) -> list[list[int]]:
@@ -147,7 +190,7 @@ def record(
     seed: int = 0,
     max_prompt_tokens: int = 512,
     device: str = "cpu",
-    per_file: int | None = None,
+    per_file: int | list[int] | None = None,
     dense_moe: bool = False,
     batch: int = 0,
 ) -> RoutingTrace:
@@ -161,10 +204,7 @@ def record(
 
         patch_dense_moe(model)
     render = lambda m: str(tok.apply_chat_template(m, tokenize=False))  # noqa: E731
-    if per_file:
-        samples = [s for path in corpus for s in stratified(read_corpus([path], render)[0], per_file)]
-    else:
-        samples = read_corpus(corpus, render, max_requests)[0]
+    samples = workload(corpus, render, per_file, max_requests)
     routes = []
     prompts = [_prompt_ids(tok, s.prompt, max_prompt_tokens) for s in samples]
     gens: list[list[int]] = []
@@ -179,7 +219,7 @@ def record(
             phase, ids, weights = route_sequence(model, layout, prompts[i], gens[i])
         else:
             phase, ids, weights = record_request(model, layout, prompts[i], max_new_tokens, temperature, seed + i)
-        routes.append(RequestRoute(s.sample_id, phase, ids, weights, {"source": s.source, "tags": list(s.tags), "split": s.file}))
+        routes.append(RequestRoute(s.sample_id, phase, ids, weights, request_meta(s, int((phase == PREFILL).sum()), int((phase == DECODE).sum()))))
     meta = {
         "model": {"path": str(model_dir), "model_type": layout.model_type},
         "moe_layers": list(layout.moe_layers),
@@ -189,9 +229,30 @@ def record(
         "decoding": {"temperature": temperature, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens, "seed": seed,
                      "batched": batch, "dense_moe": dense_moe},
         "corpus": [str(p) for p in corpus],
+        "workload": {
+            "order": "per file: domains in turn, chat shapes in turn within a domain; files in turn" if per_file else "file then line order",
+            "per_file": per_file,
+            "domains": dict(sorted(Counter(domain_of(s) for s in samples).items())),
+            "shapes": dict(sorted(Counter(shape_of(s) for s in samples).items())),
+        },
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return build(meta, routes)
+
+
+def fit_size(trace: RoutingTrace, out: Path, max_mb: float) -> RoutingTrace:
+    """Re-save the first requests only until the file is at most ``max_mb`` MB (decimal); meta.subset says so."""
+    n = trace.num_requests
+    while out.stat().st_size > max_mb * 1e6 and n > 1:
+        n = max(1, min(n - 1, int(n * max_mb * 1e6 / out.stat().st_size * 0.98)))
+        reqs = [trace.request(i) for i in range(n)]
+        meta = {k: v for k, v in trace.meta.items() if k not in ("requests", "format")}
+        meta["subset"] = {"of_requests": trace.num_requests, "kept": f"the first {n} (round-robin order)", "why": f"file kept under {max_mb} MB"}
+        smaller = build(meta, reqs)
+        save(smaller, out)
+        if out.stat().st_size <= max_mb * 1e6:
+            return smaller
+    return trace
 
 
 def main(argv: list[str]) -> int:
@@ -200,13 +261,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--corpus", type=Path, nargs="+", required=True, help="ai-data-extraction JSONL files")
     p.add_argument("--out", type=Path, required=True, help="trace file to write (.npz)")
     p.add_argument("--max-requests", type=int, help="first N samples only")
-    p.add_argument("--per-file", type=int, help="N samples of each corpus file, domains (first tag) taken in turn (e.g. some train, some test)")
+    p.add_argument("--per-file", type=int, nargs="+",
+                   help="N samples of each corpus file (or one N per file), domains (first tag) and chat shapes (style: tag) taken in turn, files in turn")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; e.g. 0.8 to avoid greedy loops")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dense-moe", action="store_true", help="run every expert as two GEMMs (same outputs; fast on a GPU, Qwen3-MoE only)")
+    p.add_argument("--max-mb", type=float, default=0.0,
+                   help="keep the file under this many MB: drop requests from the end (the order is round-robin, so the mix stays) and say so in meta.subset")
     p.add_argument("--batch", type=int, default=0,
                    help="decode N requests together, then capture routing with one teacher-forced forward per request (fast; 0: one request at a time)")
     args = p.parse_args(argv)
@@ -220,6 +284,8 @@ def main(argv: list[str]) -> int:
         print(f"reap-swap record-traces: error: {exc}", file=sys.stderr)
         return 2
     save(trace, args.out)
+    if args.max_mb > 0:
+        trace = fit_size(trace, args.out, args.max_mb)
     decode = int((trace.phase == DECODE).sum())
     print(f"wrote {args.out}: {trace.num_requests} requests, {trace.phase.shape[0]} token rows ({decode} decode), "
           f"{trace.num_layers} MoE layers x top-{trace.top_k} of {trace.num_experts}, {args.out.stat().st_size / 1e6:.2f} MB")

@@ -186,3 +186,42 @@ def test_stratified_takes_domains_in_turn() -> None:
     ] + [SimpleNamespace(tags=(), source="c", sample_id="c0")]
     assert [s.sample_id for s in stratified(rows, 6)] == ["a0", "b0", "c0", "a1", "b1", "a2"]
     assert len(stratified(rows, 100)) == len(rows)
+
+
+def test_stratified_takes_shapes_in_turn_within_a_domain() -> None:
+    """Within one domain the chat shapes alternate, so the common shape (paste) does not fill a domain's share."""
+    from types import SimpleNamespace
+
+    from reap_swap.planning.trace_record import shape_of, stratified
+
+    rows = [SimpleNamespace(tags=("a", "style:paste"), source="s", sample_id=f"ap{i}") for i in range(4)] + [
+        SimpleNamespace(tags=("a", "style:log"), source="s", sample_id="al0"),
+        SimpleNamespace(tags=("b", "style:multi"), source="s", sample_id="bm0"),
+    ]
+    assert [s.sample_id for s in stratified(rows, 4)] == ["ap0", "bm0", "al0", "ap1"]
+    assert shape_of(rows[4]) == "log" and shape_of(SimpleNamespace(tags=("x",), source="s")) == "plain"
+
+
+def test_wide_workload_takes_every_domain_and_says_what_each_request_is(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Realistic + template corpus, files in turn: the first requests span all seven realistic domains; meta per request."""
+    from reap_swap.paths import example_dir
+    from reap_swap.planning.trace_record import fit_size, record
+    from reap_swap.planning.traces import load, save
+
+    files = [example_dir() / "realistic" / "test.jsonl", example_dir() / "corpus" / "test.jsonl"]
+    trace = record(tiny_model_dir, files, None, 3, 0.8, max_prompt_tokens=32, per_file=7, batch=14)
+    reqs = trace.meta["requests"]
+    assert len(reqs) == 14
+    realistic = [r for r in reqs if any(t.startswith("origin:") for t in r["tags"])]  # the template corpus has no origin tags
+    assert [r["id"] for r in realistic] == [r["id"] for r in reqs[::2]]  # files in turn
+    assert {r["domain"] for r in realistic} == {"code-python", "code-c", "code-js", "code-rust", "prose", "ops", "math"}
+    assert len({r["shape"] for r in realistic}) >= 2 and {r["shape"] for r in reqs[1::2]} == {"plain"}
+    lengths = np.diff(trace.offsets)
+    for r, n in zip(reqs, lengths):
+        assert r["prompt_tokens"] + r["decode_tokens"] == n and 0 < r["prompt_tokens"] <= 32 and 0 <= r["decode_tokens"] <= 2
+    assert trace.meta["workload"]["per_file"] == 7 and sum(trace.meta["workload"]["domains"].values()) == 14
+    path = save(trace, tmp_path / "wide.npz")
+    small = fit_size(trace, path, path.stat().st_size / 2e6)
+    again = load(path)
+    assert 1 <= again.num_requests < 14 and again.num_requests == small.num_requests
+    assert again.meta["subset"]["of_requests"] == 14 and again.meta["requests"][0]["id"] == reqs[0]["id"]

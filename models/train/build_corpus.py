@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus_chat import as_chat, conversations, wrapped  # noqa: E402
+from corpus_chat import as_chat, conversations, generated_conversations, shape_of, test_split_paths, wrapped  # noqa: E402
 from corpus_math import math_document  # noqa: E402
 from corpus_sources import DOMAINS, Candidate, all_candidates  # noqa: E402
 from corpus_text import acceptable, chunks, extract  # noqa: E402
@@ -34,7 +34,7 @@ from corpus_text import acceptable, chunks, extract  # noqa: E402
 # code-rust and shell-config take everything this machine has; no domain passes ~22%.
 DEFAULT_DOMAIN_BYTES = {
     "code-python": 24_000_000, "code-c": 24_000_000, "code-js": 24_000_000, "code-rust": 24_000_000,
-    "prose": 24_000_000, "shell-config": 24_000_000, "math": 18_000_000,
+    "prose": 24_000_000, "shell-config": 24_000_000, "math": 18_000_000, "code-other": 8_000_000,
 }
 
 
@@ -60,6 +60,12 @@ class BuildConfig:
     # as a chat, and the example corpus' train split is added as the ``chat`` domain.
     chat_share: float = 0.3
     chat_corpus: str = str(Path(__file__).resolve().parents[2] / "example" / "realistic" / "train.jsonl")
+    # More chat turns in every shape (paste, short, multi-turn, long, pasted log, editor): the realistic
+    # generator run again with another seed as the ``chat-gen`` domain, minus any conversation quoting a
+    # file the test split (the benchmark workload) quotes. 0 turns it off; --scale scales it.
+    generated_chats_per_domain: int = 700
+    generated_chats_seed: int = 101
+    test_corpus: str = str(Path(__file__).resolve().parents[2] / "example" / "realistic" / "test.jsonl")
 
 
 @dataclass
@@ -179,7 +185,15 @@ def build(out: Path, cfg: BuildConfig) -> dict:
         else:
             print(f"[build] {domain}: no sources on this machine, skipped", flush=True)
             continue
-        docs = [Doc(as_chat(d.text, d.domain, d.key), d.domain, d.key, d.package, d.licence) if wrapped(d.key, cfg.chat_share, cfg.seed) else d for d in docs]
+        shapes: dict[str, int] = defaultdict(int)
+        wrapped_docs = []
+        for d in docs:
+            if wrapped(d.key, cfg.chat_share, cfg.seed):
+                shapes[shape_of(d.key, d.domain)] += 1
+                d = Doc(as_chat(d.text, d.domain, d.key), d.domain, d.key, d.package, d.licence)
+            wrapped_docs.append(d)
+        docs = wrapped_docs
+        stats["chat_shapes"] = dict(sorted(shapes.items()))
         tr, he = split_heldout(docs, cfg)
         train += tr
         held += he
@@ -195,6 +209,23 @@ def build(out: Path, cfg: BuildConfig) -> dict:
         held += he
         manifest_domains["chat"] = _domain_entry(chats, tr, he, {"rejected": 0, "duplicates": 0, "candidates": len(chats)})
         print(f"[build] chat: {len(chats)} conversations from {chat_path}", flush=True)
+    if cfg.generated_chats_per_domain > 0:
+        avoid = test_split_paths(Path(cfg.test_corpus))
+        gen_docs, styles = [], defaultdict(int)
+        for cid, text, style, origin, licence in generated_conversations(cfg.generated_chats_seed, cfg.generated_chats_per_domain, avoid):
+            h = _norm_hash(text)
+            if h in seen:
+                continue
+            seen.add(h)
+            styles[style] += 1
+            gen_docs.append(Doc(text, "chat-gen", cid, origin or "generated", licence or "generated (corpus_math.py)"))
+        tr, he = split_heldout(gen_docs, cfg)
+        train += tr
+        held += he
+        manifest_domains["chat-gen"] = _domain_entry(gen_docs, tr, he, {"rejected": 0, "duplicates": 0, "candidates": len(gen_docs),
+                                                                        "styles": dict(sorted(styles.items())), "avoided_test_paths": len(avoid)})
+        print(f"[build] chat-gen: {len(gen_docs)} generated conversations (seed {cfg.generated_chats_seed}), styles {dict(styles)} "
+              f"in {time.time() - t0:.0f}s", flush=True)
     random.Random(f"{cfg.seed}:shuffle").shuffle(train)
     shard, size, shards = [], 0, []
     for d in train:
@@ -264,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BuildConfig(seed=args.seed)
     cfg.domain_bytes = {k: int(v * args.scale) for k, v in cfg.domain_bytes.items()}
+    cfg.generated_chats_per_domain = int(round(cfg.generated_chats_per_domain * min(1.0, args.scale * 2)))
     if args.step in ("build", "all"):
         build(args.out, cfg)
     if args.step in ("tokenize", "all"):

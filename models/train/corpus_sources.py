@@ -27,12 +27,16 @@ from corpus_licences import (
     rust_toolchain_verdict,
 )
 
-DOMAINS: tuple[str, ...] = ("code-python", "code-c", "code-js", "code-rust", "prose", "shell-config", "math")
+DOMAINS: tuple[str, ...] = ("code-python", "code-c", "code-js", "code-rust", "prose", "shell-config", "math", "code-other")
 
 C_EXT = {".h", ".hpp", ".hh", ".hxx", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh"}
 JS_EXT = {".js", ".mjs", ".cjs", ".ts", ".mts", ".cts", ".jsx", ".tsx"}
 PROSE_EXT = {".md", ".rst", ".markdown"}
 CONFIG_EXT = {".sh", ".bash", ".zsh", ".mk", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".json", ".def"}
+# Languages this machine holds a little of (Cython, protobuf, Fortran, CMake, TableGen, SQL, HTML/CSS/XML, Perl,
+# awk, m4, ...): one "code-other" domain, so routing also sees code that is none of the four big languages.
+OTHER_EXT = {".pyx", ".pxd", ".pxi", ".proto", ".f90", ".f", ".f95", ".cmake", ".td", ".sql", ".html", ".htm", ".css",
+             ".xml", ".pl", ".pm", ".awk", ".m4", ".go", ".java", ".rb", ".lua", ".tex", ".r", ".jl", ".scala", ".kt"}
 CONFIG_NAMES = {"Makefile", "GNUmakefile", "makefile", "Setup", "Setup.local", "Setup.stdlib", "Setup.bootstrap"}
 SKIP_NAMES = {"LICENSE", "LICENCE", "COPYING", "NOTICE", "AUTHORS", "RECORD", "WHEEL", "INSTALLER"}
 # Rust books whose pages are English prose with examples (mdBook output).
@@ -81,6 +85,8 @@ def domain_for_file(path: Path) -> str | None:
         return "prose"
     if suffix in CONFIG_EXT or name in CONFIG_NAMES:
         return "shell-config"
+    if suffix in OTHER_EXT or name == "CMakeLists.txt":
+        return "code-other"
     return None
 
 

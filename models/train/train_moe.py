@@ -58,6 +58,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--aux-coef", type=float, default=0.01, help="router_aux_loss_coef")
+    ap.add_argument("--aux-per-layer", action="store_true",
+                    help="balance each MoE layer on its own (the mean of per-layer Switch losses); HF's loss concatenates "
+                         "all layers' logits first, so one layer's busy expert e can be offset by another layer's idle e")
+    ap.add_argument("--router-z-coef", type=float, default=0.0,
+                    help="router z-loss coefficient (ST-MoE: mean logsumexp(router logits)^2); keeps router logits small")
+    ap.add_argument("--router-init-std", type=float, default=None,
+                    help="re-initialise every router weight from N(0, std) (0: zeros, uniform routing at the start); "
+                         "default: the model's initializer_range")
+    ap.add_argument("--ckpt", type=Path, default=None,
+                    help="training checkpoint file (model + optimiser + step + schedule), written every --ckpt-every-s")
+    ap.add_argument("--ckpt-every-s", type=float, default=60.0)
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from --ckpt if it exists (same schedule, shrunk to fit this run's time budget)")
+    ap.add_argument("--pick-impl-steps", type=int, default=0,
+                    help="time this many steps each of the dense path and HF grouped_mm, keep the faster (0: off; time-budget runs only)")
     ap.add_argument("--moe-impl", default="auto", choices=["auto", "dense", "hf"],
                     help="dense: all-expert GEMMs (moe_dense.py); hf: transformers' own MoE forward; "
                          "auto: dense on CUDA (big GEMMs, no host syncs), hf on CPU (fewer FLOPs)")
@@ -81,15 +96,64 @@ def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token CE and the Switch-style router balance loss (HF's own when it returns it)."""
+def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer) and the router z-loss."""
     out = model(input_ids=x, output_router_logits=True, use_cache=False)
     logits = out.logits
     lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
     aux = getattr(out, "aux_loss", None)
-    if aux is None or not torch.is_tensor(aux):
+    if per_layer:
+        aux = per_layer_balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+    elif aux is None or not torch.is_tensor(aux):
         aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
-    return lm, aux.float()
+    return lm, aux.float(), router_z_loss(out.router_logits, cfg.num_experts)
+
+
+def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token CE and the router balance loss (kept for callers of the old pair)."""
+    lm, aux, _ = lm_aux_z(model, x, y, cfg)
+    return lm, aux
+
+
+def per_layer_balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
+    """Mean over MoE layers of each layer's own Switch loss (balanced = top_k, as HF's concatenated one)."""
+    parts = router_logits if isinstance(router_logits, (list, tuple)) else list(router_logits.unbind(0)) \
+        if torch.is_tensor(router_logits) and router_logits.ndim == 3 else [router_logits]
+    losses = [balance_loss([t], n_exp, top_k) for t in parts if torch.is_tensor(t)]
+    return torch.stack(losses).mean()
+
+
+def _router_logit_rows(router_logits, n_exp: int) -> torch.Tensor:
+    """Every layer's router logits as one [layers * tokens, E] float tensor (tuple, list or stacked tensor)."""
+    parts = router_logits if isinstance(router_logits, (list, tuple)) else [router_logits]
+    return torch.cat([t.reshape(-1, n_exp).float() for t in parts if torch.is_tensor(t)], dim=0)
+
+
+def router_z_loss(router_logits, n_exp: int) -> torch.Tensor:
+    """ST-MoE's z-loss, mean over tokens and layers of logsumexp(logits)^2: penalises large router logits,
+    which makes routing softer and more stable without forcing balance."""
+    if router_logits is None:
+        return torch.zeros(())
+    return torch.logsumexp(_router_logit_rows(router_logits, n_exp), dim=-1).pow(2).mean()
+
+
+def init_routers(model: torch.nn.Module, std: float) -> int:
+    """Re-initialise each MoE block's router weight from N(0, std) (zeros if std == 0); returns routers touched.
+
+    Why: the router's starting scale decides how soon routing commits: zeros start uniform and let
+    the experts specialise from the data, a large std starts from a random token-identity routing.
+    """
+    n = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if module.__class__.__name__.endswith("SparseMoeBlock") and hasattr(module, "gate"):
+                w = module.gate.weight
+                if std > 0:
+                    w.normal_(0.0, std)
+                else:
+                    w.zero_()
+                n += 1
+    return n
 
 
 def balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
@@ -157,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.moe_impl == "hf" and args.experts_impl:
         kw["experts_implementation"] = args.experts_impl
     model = AutoModelForCausalLM.from_config(config, **kw).to(device)
+    if args.router_init_std is not None:
+        log(f"routers re-initialised from N(0, {args.router_init_std}): {init_routers(model, args.router_init_std)} blocks")
     n_total, n_active = count_params(model, cfg_dict)
     log(f"model: {n_total/1e6:.2f}M params ({n_active/1e6:.2f}M active/token), bf16 ~{2*n_total/1e6:.1f} MB")
     if args.moe_impl == "dense":
@@ -182,14 +248,35 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     args.out.mkdir(parents=True, exist_ok=True)
-    log_fh = open(args.out / "train_log.jsonl", "w")
     deadline = T_START + args.minutes * 60 - args.reserve_s
     total_steps = args.steps if args.steps > 0 else 10**9
+    start_step, planned_total = 0, 0
+    if args.resume and args.ckpt is not None and args.ckpt.is_file():
+        state = torch.load(args.ckpt, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"].cpu() if device.type == "cuda" else state["gen"])
+        start_step, planned_total = int(state["step"]), int(state["total_steps"])
+        args.batch_size = int(state.get("batch_size", args.batch_size))
+        total_steps = args.steps if args.steps > 0 else planned_total
+        log(f"resumed {args.ckpt} at step {start_step} of a {planned_total}-step schedule")
     tokens_per_step = args.batch_size * args.seq_len
+    log_fh = open(args.out / "train_log.jsonl", "a" if start_step else "w")
     log(f"training: {tokens_per_step:,} tokens/step, "
         + (f"{args.steps} steps" if args.steps else f"until {args.minutes} min minus {args.reserve_s:.0f}s reserve"))
     model.train()
     t_calib, error = None, None
+    last_ckpt = time.time()
+
+    def save_training_state(step: int, total: int) -> None:
+        """Atomic checkpoint (model, optimiser, data RNG, step, schedule) so a cut run can be continued."""
+        if args.ckpt is None:
+            return
+        args.ckpt.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.ckpt.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
+                    "total_steps": total, "batch_size": args.batch_size, "cfg": cfg_dict}, tmp)
+        tmp.replace(args.ckpt)
 
     log_state = {"t": time.time(), "step": 0}
 
@@ -211,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
         batch = train[starts[:, None] + span].long()
         with amp():
-            lm, aux = lm_and_aux(fwd_model, batch[:, :-1], batch[:, 1:], config)
-            loss = lm + args.aux_coef * aux
+            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer)
+            loss = lm + args.aux_coef * aux + (args.router_z_coef * z.to(lm.device) if args.router_z_coef else 0.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -223,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     # HF's MoE forward if the dense path fails, and halve the batch on out-of-memory.
     for _attempt in range(5):
         try:
-            lm, aux, loss, gnorm = train_step(lr_at(0, total_steps, args))
+            lm, aux, loss, gnorm = train_step(lr_at(start_step, total_steps, args))
             sync()
             break
         except Exception as exc:  # noqa: BLE001
@@ -234,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.compile and not oom:
                 log(f"compiled step failed ({exc!r}); running eager")
                 args.compile, fwd_model = False, model
+            elif args.moe_impl == "hf" and args.experts_impl and device.type == "cuda" and not oom:
+                log(f"HF {args.experts_impl} step failed ({exc!r}); falling back to the dense path ({patch_dense_moe(model)} blocks)")
+                args.moe_impl, args.experts_impl = "dense", None
             elif args.moe_impl == "dense" and not oom:
                 log(f"dense MoE step failed ({exc!r}); falling back to HF forward ({unpatch_dense_moe(model)} blocks)")
                 args.moe_impl = "hf"
@@ -245,13 +335,69 @@ def main(argv: list[str] | None = None) -> int:
                 raise
     else:
         raise RuntimeError("first training step failed repeatedly")
-    log_step(1, lr_at(0, total_steps, args), lm, aux, loss, gnorm)
-    step = 1
+    log_step(start_step + 1, lr_at(start_step, total_steps, args), lm, aux, loss, gnorm)
+    step = start_step + 1
+    impl_trial: dict[str, float] = {}
+
+    def set_impl(name: str) -> None:
+        """Switch the MoE forward between the dense patch and HF's grouped_mm experts (same parameters)."""
+        patched = any("forward" in m.__dict__ and hasattr(m, "_dense_top_k") for m in model.modules())
+        if name == "dense":
+            if not patched:
+                patch_dense_moe(model)
+            args.moe_impl, args.experts_impl = "dense", None
+            return
+        if patched:
+            unpatch_dense_moe(model)
+        args.moe_impl, args.experts_impl = "hf", "grouped_mm"  # the state says unpatched even if the setter fails
+        setter = getattr(model, "set_experts_implementation", None)
+        if callable(setter):
+            setter("grouped_mm")
+        else:
+            model.config._experts_implementation = "grouped_mm"
+
+    def pick_impl(step: int) -> int:
+        """Time --pick-impl-steps real training steps with each MoE forward and keep the faster; returns steps run.
+
+        Why: on a 128-expert model the dense path computes E/top_k = 16x the routed expert FLOPs but runs
+        as two big GEMMs; grouped_mm computes only the routed ones. Which wins depends on the shapes and
+        the torch/GPU build, so it is measured, not guessed. A failing candidate is dropped.
+        """
+        n, done = args.pick_impl_steps, 0
+        order = [args.moe_impl if args.moe_impl == "dense" else "grouped_mm"]
+        order.append("grouped_mm" if order[0] == "dense" else "dense")
+        for name in order:
+            try:
+                set_impl(name)
+                train_step(lr_at(step + done, total_steps, args))  # warm-up of this path (autotune, allocator)
+                done += 1
+                sync()
+                t0 = time.time()
+                for _ in range(n):
+                    train_step(lr_at(step + done, total_steps, args))
+                    done += 1
+                sync()
+                impl_trial[name] = round((time.time() - t0) / n * 1000, 2)
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails is not used
+                opt.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                impl_trial[name + "_error"] = -1.0
+                log(f"MoE forward {name} failed in the trial ({exc!r})")
+        timed = {k: v for k, v in impl_trial.items() if not k.endswith("_error")}
+        best = min(timed, key=timed.get) if timed else "dense"
+        set_impl(best)
+        log(f"MoE forward trial (ms/step): {timed} -> {best}")
+        return done
+
+    if args.pick_impl_steps > 0 and args.steps <= 0:
+        step += pick_impl(step)
+    calib_at = step + 4
     while step < total_steps:
         if args.steps <= 0 and time.time() >= deadline:
             log(f"time budget reached at step {step}")
             break
-        lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None else 10**9, args)
+        lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None or start_step else 10**9, args)
         try:
             lm, aux, loss, gnorm = train_step(lr)
         except Exception as exc:  # noqa: BLE001 - keep what was trained: evaluate and save anyway
@@ -259,15 +405,19 @@ def main(argv: list[str] | None = None) -> int:
             log(f"training stopped by {error}")
             break
         step += 1
-        if args.steps <= 0 and step == 5:
+        if args.steps <= 0 and step == calib_at:
             sync()
             t_calib = (time.time(), step)
-        if args.steps <= 0 and t_calib is not None and step == 5 + args.calib_steps:
+        if args.steps <= 0 and t_calib is not None and step == calib_at + args.calib_steps:
             sync()
             per_step = (time.time() - t_calib[0]) / (step - t_calib[1])
-            total_steps = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+            fit = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+            total_steps = min(planned_total, fit) if planned_total else fit
             log(f"calibrated: {per_step*1000:.1f} ms/step, {tokens_per_step/per_step/1e6:.2f}M tok/s "
                 f"-> schedule of {total_steps} steps ({total_steps*tokens_per_step/1e6:.0f}M tokens)")
+        if args.ckpt is not None and time.time() - last_ckpt >= args.ckpt_every_s and step < total_steps:
+            save_training_state(step, total_steps)
+            last_ckpt = time.time()
         if args.eval_every and step % args.eval_every == 0 and step < total_steps:
             quick = evaluate(model, arrays, domains, args, device, amp, max_windows=16)
             rec = {"step": step, "eval_loss": {d: round(r["loss"], 4) for d, r in quick.items()}}
@@ -275,10 +425,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"eval@{step}: " + " ".join(f"{d}={r['loss']:.3f}" for d, r in quick.items()))
             if args.steps <= 0 and t_calib is not None:  # re-size the schedule to the time really left
                 per_step = (time.time() - t_calib[0]) / (step - t_calib[1])
-                total_steps = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+                fit = step + max(1, int((deadline - time.time()) / per_step * 0.98))
+                total_steps = min(planned_total, fit) if planned_total else fit
         if step % args.log_every == 0 or step == total_steps:
             log_step(step, lr, lm, aux, loss, gnorm)
     sync()
+    if args.ckpt is not None and (step < total_steps or error is not None):  # cut short: keep what a resume needs
+        save_training_state(step, total_steps)
     train_s = time.time() - T_START
     log(f"trained {step} steps, {step * tokens_per_step / 1e6:.1f}M tokens")
     ev = evaluate(model, arrays, domains, args, device, amp)
@@ -288,7 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": step, "tokens_seen": step * tokens_per_step, "train_seconds": round(train_s, 1),
         "params": n_total, "active_params": n_active, "eval": ev, "args": {k: str(v) for k, v in vars(args).items()},
         "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
-        "moe_impl": args.moe_impl, "batch_size": args.batch_size, "error": error,
+        "moe_impl": args.moe_impl, "experts_impl": args.experts_impl, "batch_size": args.batch_size, "error": error,
+        "resumed_from_step": start_step, "schedule_steps": total_steps, "finished": step >= total_steps and error is None,
+        "impl_trial_ms_per_step": impl_trial,
     }
     (args.out / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     log_fh.close()

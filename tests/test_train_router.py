@@ -1,0 +1,109 @@
+"""train_moe.py's router options and checkpoint/resume, on a synthetic packed corpus (CPU, seconds).
+
+Why: learned128 v2 is trained in one GPU run that may be cut and continued in a second call, with
+router settings (aux loss, z-loss, router init) chosen on CPU; each must work before the GPU sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TRAIN_DIR = Path(__file__).resolve().parents[1] / "models" / "train"
+TINY = ["--set", "hidden_size=64", "--set", "num_hidden_layers=2", "--set", "num_experts=8", "--set", "num_experts_per_tok=2",
+        "--set", "moe_intermediate_size=16", "--set", "num_attention_heads=2", "--set", "num_key_value_heads=1"]
+
+
+@pytest.fixture(scope="module")
+def train_moe():  # noqa: ANN201 - the script module
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(TRAIN_DIR))
+    import train_moe as mod
+
+    torch.set_num_threads(1)
+    return mod
+
+
+def _packed(path: Path) -> Path:
+    """A random-token .npz in moe_data's layout: train, held-out (all and per domain), meta_json."""
+    rng = np.random.default_rng(0)
+    meta = {"domains": ["a", "b"], "train_tokens": 20000, "vocab_size": 256,
+            "special_tokens": {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}}
+    arrays = {"train": rng.integers(3, 256, 20000).astype(np.uint16), "heldout": rng.integers(3, 256, 800).astype(np.uint16),
+              "heldout__a": rng.integers(3, 256, 400).astype(np.uint16), "heldout__b": rng.integers(3, 256, 400).astype(np.uint16),
+              "meta_json": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+    np.savez(path, **arrays)
+    return path
+
+
+def test_router_init_and_z_loss(train_moe) -> None:  # noqa: ANN001
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model("qwen3_moe", hidden_size=64, num_hidden_layers=2, num_experts=8, num_experts_per_tok=2,
+                                            moe_intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=64)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert train_moe.init_routers(model, 0.0) == 2
+    gates = [m.gate.weight for m in model.modules() if m.__class__.__name__.endswith("SparseMoeBlock")]
+    assert all(float(g.detach().abs().max()) == 0.0 for g in gates)
+    train_moe.init_routers(model, 0.5)
+    assert all(0.3 < float(g.detach().std()) < 0.7 for g in gates)
+    logits = (torch.zeros(5, 8), torch.zeros(5, 8))
+    assert float(train_moe.router_z_loss(logits, 8)) == pytest.approx(float(np.log(8)) ** 2, rel=1e-5)
+    big = (torch.full((5, 8), 3.0),)
+    assert float(train_moe.router_z_loss(big, 8)) > float(train_moe.router_z_loss(logits, 8))
+
+
+def test_checkpoint_resume_continues_the_schedule(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    data = _packed(tmp_path / "data.npz")
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt" / "train.pt"
+    base = ["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--batch-size", "2", "--seq-len", "32",
+            "--eval-windows", "1", "--eval-every", "0", "--warmup-steps", "2", "--log-every", "1", "--ckpt", str(ckpt), "--ckpt-every-s", "0",
+            "--router-z-coef", "1e-3", "--router-init-std", "0", *TINY]
+    assert train_moe.main(base + ["--steps", "4"]) == 0
+    first = json.loads((out / "eval.json").read_text())
+    assert first["steps"] == 4 and first["finished"] and first["resumed_from_step"] == 0
+    state = __import__("torch").load(ckpt, weights_only=False)
+    assert state["step"] == 3 and state["total_steps"] == 4  # the last periodic checkpoint before the end
+    assert train_moe.main(base + ["--steps", "6", "--resume"]) == 0
+    again = json.loads((out / "eval.json").read_text())
+    assert again["resumed_from_step"] == 3 and again["steps"] == 6 and again["finished"]
+    steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert steps[:4] == [1, 2, 3, 4] and steps[4:] == [4, 5, 6]  # appended, continuing at the checkpoint's step
+    assert (out / "model.safetensors").is_file()
+
+
+def test_impl_trial_keeps_a_working_forward(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    """--pick-impl-steps times dense and grouped_mm on the real shapes; whatever fails, training goes on with a timed one."""
+    data = _packed(tmp_path / "data.npz")
+    out = tmp_path / "run"
+    assert train_moe.main(["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--batch-size", "2",
+                           "--seq-len", "32", "--eval-windows", "1", "--eval-every", "0", "--minutes", "0.5", "--reserve-s", "10",
+                           "--calib-steps", "2", "--pick-impl-steps", "1", *TINY]) == 0
+    ev = json.loads((out / "eval.json").read_text())
+    timed = {k: v for k, v in ev["impl_trial_ms_per_step"].items() if not k.endswith("_error")}
+    assert "dense" in timed and ev["moe_impl"] in ("dense", "hf") and ev["steps"] >= 5
+    assert (ev["moe_impl"] == "dense") == (min(timed, key=timed.get) == "dense")
+
+
+def test_per_layer_balance_sees_what_the_concatenated_loss_hides(train_moe) -> None:  # noqa: ANN001
+    """Layer 0 sends every token to expert 0 and layer 1 to expert 1: concatenated over layers that looks
+    half balanced; per layer both are fully collapsed."""
+    import torch
+
+    e, k = 4, 1
+    l0 = torch.full((6, e), -9.0)
+    l0[:, 0] = 9.0
+    l1 = torch.full((6, e), -9.0)
+    l1[:, 1] = 9.0
+    concat = float(train_moe.balance_loss((l0, l1), e, k))
+    per_layer = float(train_moe.per_layer_balance_loss((l0, l1), e, k))
+    assert per_layer == pytest.approx(e * 1.0, rel=1e-3)  # all load and all probability on one expert
+    assert concat == pytest.approx(e * 2 * 0.5 * 0.5, rel=1e-3) and per_layer > concat
+    uniform = torch.zeros(6, e)
+    assert float(train_moe.per_layer_balance_loss((uniform, uniform), e, k)) == pytest.approx(1.0, abs=0.5)
