@@ -146,6 +146,21 @@ class WorkerResidency:
             n = getattr(scheduler_output, "total_num_scheduled_tokens", None)
             self._valid.set(int(n) if isinstance(n, int) and n > 0 else self.arena.max_tokens)
 
+    def problems(self) -> dict[str, list[str]]:
+        """Layers whose bookkeeping is broken (``ExpertBank.check``; no bytes compared), by layer."""
+        out = {f"layer_{i}": b.check() for i, b in self.banks.items()}
+        return {k: v for k, v in out.items() if v}
+
+    def repair(self) -> dict[str, list[str]]:
+        """Repair every layer with problems (lost spares back to the pool, routing table re-published),
+        hand the online caches the repaired owners; the problems left, by layer."""
+        broken = [i for i, b in self.banks.items() if b.check()]
+        for i in broken:
+            self.banks[i].repair()
+        if broken:
+            self._install_priors({i: self.banks[i].resident() for i in broken if i in self.caches})
+        return self.problems()
+
     def resident_sets(self) -> dict[str, list[int]]:
         self.sync_tables()
         return {f"layer_{i}": list(b.resident()) for i, b in self.banks.items()}
@@ -234,6 +249,7 @@ class WorkerResidency:
             "total_ms": (time.perf_counter() - t0) * 1e3,
             "layers_changed": total.layers_changed,
             "resident": self.resident_sets(),
+            "problems": self.problems(),
             "complement": self.complement(),
             "online_cache": self.online_cache(),
         }
@@ -389,11 +405,14 @@ class ReapWorkerExtension:
         rt.accounting.enabled = bool(enabled)
         return rt.accounting.enabled
 
-    def reap_verify(self) -> dict[str, list[int]]:
-        """Resident experts whose slot bytes differ from their host copy (must be empty)."""
+    def reap_verify(self) -> dict[str, list[str]]:
+        """Per layer, what is wrong (must be empty): resident experts whose slot bytes differ from
+        their host copy, and the bookkeeping invariants (``ExpertBank.check``: host-row owners, the
+        spare pool, routing-table damage)."""
         rt = self._reap()
         rt.sync_tables()
-        return {f"layer_{i}": b.verify() for i, b in rt.banks.items()}
+        return {f"layer_{i}": [f"expert {e}: slot bytes or host-row ownership wrong" for e in b.verify()] + b.check()
+                for i, b in rt.banks.items()}
 
     def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
@@ -413,4 +432,5 @@ class ReapWorkerExtension:
     def reap_cache_view(self) -> dict[str, Any]:
         """This rank's resident sets and online-cache counters, read back from the device now."""
         rt = self._reap()
-        return {"rank": int(getattr(self, "rank", 0) or 0), "resident": rt.resident_sets(), "online_cache": rt.online_cache()}
+        return {"rank": int(getattr(self, "rank", 0) or 0), "resident": rt.resident_sets(), "online_cache": rt.online_cache(),
+                "problems": rt.problems()}
