@@ -171,8 +171,16 @@ class ExpertBank:
         host_offset = layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
-        phys = {n: backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
-                for (n, p), stride in zip(params.items(), layout.row_strides)}
+        phys: dict[str, torch.Tensor] = {}
+        try:
+            for (n, p), stride in zip(params.items(), layout.row_strides):
+                phys[n] = backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
+        except BaseException:
+            free = getattr(backing, "free", None)  # a backing that owns driver memory gives it back
+            for t in phys.values():
+                if free is not None:
+                    free(t)
+            raise
         with torch.no_grad():
             for n, p in params.items():
                 dst, src = phys.pop(n), p.data
