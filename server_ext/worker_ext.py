@@ -20,7 +20,7 @@ from . import config as reap_config
 from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
-from .cpu_experts.cpu_path import summarize as cpu_path_summary
+from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, summarize as cpu_path_summary
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -57,6 +57,7 @@ class WorkerResidency:
         self.accounting.enabled = accounting
         self.steps_attributed = 0
         self.steps_unattributed = 0
+        self.cpu_timeout_steps = 0
         self.regions = host_regions(self.banks)
         self.memory_at_install = process_memory()  # its peak includes building the banks
 
@@ -197,9 +198,32 @@ class WorkerResidency:
             "resident": self.resident_sets(),
             "complement": self.complement(),
             "online_cache": self.online_cache(),
+            "cpu_path": self.cpu_path(),
         }
 
+    def cpu_path(self) -> dict[str, Any]:
+        """The CPU expert path's device counters summed over layers (a read-back: reports only);
+        ``wait_timeouts``: CPU pairs the merge gave up waiting for and recomputed on the device."""
+        paths = [m.reap_cpu_path for m in self.layers if m.reap_cpu_path is not None]
+        if not paths:
+            return {"enabled": False}
+        totals = [sum(v) for v in zip(*(p.counters.tolist() for p in paths))]
+        return {"enabled": True, "layers": len(paths), **dict(zip(CPU_PATH_COUNTERS, totals))}
+
+    def check_cpu_timeouts(self) -> list[int]:
+        """Layers whose merge gave up waiting for the CPU team since the last check (mapped flags, no
+        sync); logged as errors: those pairs were recomputed on the device, never merged stale."""
+        layers = [m.reap_layer_id for m in self.layers if m.reap_cpu_path is not None and m.reap_cpu_path.take_timeout_flag()]
+        if layers:
+            self.cpu_timeout_steps += 1
+            logger.error("reap-swap CPU expert path: the CPU team did not finish a step in time in layers %s; those pairs were "
+                         "recomputed on the GPU from the host rows (reap_swap_cpu_path_wait_timeouts in /metrics). The team is "
+                         "stalled or starved: check REAP_CPU_EXPERT_CPUS (cores shared with vLLM or another rank?) and host load",
+                         layers)
+        return layers
+
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
+        self.check_cpu_timeouts()
         acct = self.accounting
         finished = getattr(scheduler_output, "finished_req_ids", None)
         if acct.enabled:

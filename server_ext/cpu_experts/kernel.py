@@ -178,6 +178,8 @@ def native_library() -> ctypes.CDLL | None:
     lib.reap_team_run.restype = i32
     lib.reap_team_set_test_delay_us.argtypes = [i64]
     lib.reap_team_set_test_delay_us.restype = None
+    lib.reap_job_set_test_clobber_ids.argtypes = [i32]
+    lib.reap_job_set_test_clobber_ids.restype = None
     _native = lib
     return lib
 

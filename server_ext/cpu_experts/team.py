@@ -74,6 +74,8 @@ class CpuTeam:
         # the last posted seq, kept on the device: the split posts seq + 1 without reading host memory
         # (a PCIe round trip on the critical path of every layer step); host posts below keep it current
         self.posted_on_device = torch.full((1,), self.posted, dtype=torch.int64, device=self.mailbox.device)
+        # the latest step a merge gave up waiting for (split_triton): merges behind it recompute at once
+        self.stalled_on_device = torch.zeros(1, dtype=torch.int64, device=self.mailbox.device)
 
     def run(self, job_address: int, timeout_s: float = 60.0) -> None:
         """Post one job from the host and wait for it (no device step may be in flight)."""
