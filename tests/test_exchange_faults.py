@@ -8,12 +8,16 @@ what ``REAP_FAULT_FILE`` arms in a worker); the real-server half is ``test_excha
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
+from reap_swap.server_ext.control.errors import HTTPError
 from reap_swap.server_ext.swap_repair import EXCHANGE_OPS, ExchangeFault, InjectedFault
 
 E, S, K = 10, 4, 2
@@ -90,3 +94,42 @@ def test_repeated_faults_never_drain_the_pool() -> None:
             pass
         bank.ops_hook = None
         assert bank.complement.rows.spare_count == K - len(bank.table.free_slots()) and bank.check() == [] and routed_ok(bank, orig)  # type: ignore[union-attr]
+
+
+def test_control_plane_reports_a_broken_layer_until_the_repair_succeeds(tmp_path: Path) -> None:
+    """Several ranks (a fault one CPU cannot cause): rank 1 reports a broken layer; the plane says
+    inconsistent, naming it, answers swaps 503 while the repair fails, and is consistent once it works."""
+    from tests.test_hardening import FakeRanks, _plane
+
+    class Broken(FakeRanks):
+        def __init__(self) -> None:
+            super().__init__(2)
+            self.problems = {"layer_1": ["rows are neither owned nor spare exactly once"]}
+            self.repairs_failing = 1
+
+        async def __call__(self, method: str, *args: Any) -> list[Any]:
+            if method == "reap_repair":
+                self.calls.append((method, args))
+                if self.repairs_failing:
+                    self.repairs_failing -= 1
+                else:
+                    self.problems = {}
+                return [{"rank": r, "problems": self.problems if r == 1 else {}} for r in range(2)]
+            out = await super().__call__(method, *args)
+            if method == "reap_resident_sets":
+                out[1]["problems"] = self.problems
+            return out
+
+    ranks = Broken()
+    plane = _plane(tmp_path, ranks)
+    assert not asyncio.run(plane.resync())  # ranks agree on the sets, but rank 1's layer 1 is broken and the repair failed
+    st = plane.resident_summary()
+    assert st["consistent"] is False and "layer_1" in st["inconsistent_reason"] and "rank 1" in st["inconsistent_reason"]
+    payload = {"request_id": "r", "phase": "prefill", "active_set": {"layer_0": [0, 1, 2, 3, 4]}}
+    with pytest.raises(HTTPError) as err:  # the next swap resyncs first: the repair fails once more, so 503
+        ranks.repairs_failing = 1
+        asyncio.run(plane.swap(payload))
+    assert err.value.status == 503 and err.value.code == "resident_state_inconsistent"
+    assert asyncio.run(plane.swap(payload))["status"] == "ok"  # this time the repair works, then the swap runs
+    assert plane.resident_summary()["consistent"] is True
+    assert [m for m, _ in ranks.calls].count("reap_repair") == 3

@@ -6,10 +6,12 @@ and swap counters. Every change goes to the workers through one RPC
 callable, serialized by a lock (one swap in flight), and the resident state
 it keeps is always the one the workers answered with.
 
-When a swap fails inside a worker, or ranks answer with different resident
-sets, the view is marked inconsistent: every rank's resident set is re-read,
-ranks that disagree are brought to one set, and resident-state routes answer
-503 until all ranks agree again. Nothing here is unbounded: request records
+When a swap fails inside a worker, ranks answer with different resident
+sets, or a rank reports a layer whose bookkeeping is broken (its answers'
+``problems``: lost spare rows, a routing table not re-published), the view is
+marked inconsistent: every rank's resident set is re-read, broken layers are
+repaired (``reap_repair``), ranks that disagree are brought to one set, and
+resident-state routes answer 503 until all ranks agree and none is broken. Nothing here is unbounded: request records
 and rejection logs are LRU caches, and bytes copied are metered by a token
 bucket (a fresh request id buys nothing).
 """
