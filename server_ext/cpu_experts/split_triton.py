@@ -43,6 +43,10 @@ __all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_me
 # int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
 MAILBOX_SEQ, MAILBOX_DONE, MAILBOX_RING, RING = tl.constexpr(0), tl.constexpr(8), tl.constexpr(16), tl.constexpr(64)
 SPLIT_WARPS, SPLIT_BLOCK_X = 4, 4096  # launch shape of the split (one program; scripts/gpu_split_bench.py)
+# One warp per merge program: its volatile reads of ``done`` are one transaction for all lanes, so
+# the wait-or-recompute decision is the same in every thread (two warps could read ``done`` on
+# either side of the team's store, split the branches and meet the recompute's barrier apart).
+MERGE_WARPS = 1
 WAIT_LIMIT = 1 << 24  # polls of ``done`` (each a round trip to host memory, ~1 us) before a step counts as timed out
 # FENCE: ``v`` after a system-scope fence (PTX ``fence.sc.sys``): the host sees stores before it before stores that use v.
 
@@ -275,4 +279,5 @@ def wait_and_merge(per_k: torch.Tensor, cpu_out: torch.Tensor, cpu_pairs: torch.
     jitted("merge", _interpreted())[(n,)](
         per_k, cpu_out, cpu_pairs, mailbox, expected, timeouts, r.flag, r.stalled,
         r.x, r.ids, r.weights, r.w13, r.w2, r.scratch, r.w13.stride(0), r.w2.stride(0), r.row_offset, r.top_k, int(r.w2.shape[2]),
-        h, limit, BLOCK_H=min(triton.next_power_of_2(h), 4096), BLOCK_R=32, BLOCK_C=128, FENCE=not _interpreted())
+        h, limit, BLOCK_H=min(triton.next_power_of_2(h), 4096), BLOCK_R=32, BLOCK_C=64, FENCE=not _interpreted(),
+        num_warps=MERGE_WARPS)
