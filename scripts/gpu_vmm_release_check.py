@@ -87,7 +87,7 @@ def layout(backing: VmmBacking, slot_bytes: int, host_bytes: int) -> tuple[BankL
     return BankLayout(slots, (g,), slots + host), g
 
 
-def run_case(drv: CountingDriver, backing: VmmBacking, name: str, iters: int, attempt: Any) -> dict[str, Any]:
+def run_case(drv: CountingDriver, backing: VmmBacking, name: str, iters: int, attempt: Any, expect: str) -> dict[str, Any]:
     before_free, before_live = free_bytes(), drv.live()
     failures: dict[str, int] = {}
     unexpected: list[str] = []
@@ -101,8 +101,10 @@ def run_case(drv: CountingDriver, backing: VmmBacking, name: str, iters: int, at
             failures[key] = failures.get(key, 0) + 1
     after_free, after_live = free_bytes(), drv.live()
     leak = before_free - after_free
-    ok = after_live == before_live and leak < 64 << 20 and len(failures) == 1 and not unexpected
-    return {"case": name, "iters": iters, "failed_at": failures, "unexpected": unexpected[:3],
+    # every iteration must fail at the same, intended call: a leaked reservation would move the
+    # absurd case's failure to cuMemAddressReserve once the address space is used up
+    ok = after_live == before_live and leak < 64 << 20 and len(failures) == 1 and next(iter(failures)).startswith(expect) and not unexpected
+    return {"case": name, "iters": iters, "expected_failure": expect, "failed_at": failures, "unexpected": unexpected[:3],
             "free_bytes_before": before_free, "free_bytes_after": after_free, "device_bytes_leaked": leak,
             "live_before": before_live, "live_after": after_live, "ok": ok}
 
@@ -150,16 +152,16 @@ def main() -> None:
 
     cases = [
         ("absurd host region: cuMemCreate (host) fails after reserve + device create + map",
-         lambda: alloc(int(a.absurd_tib * 2**40))),
-        ("injected: cuMemMap of the host part fails", injected("cuMemMap", 1)),
-        ("injected: cuMemMap of the device part fails", injected("cuMemMap", 0)),
-        ("injected: cuMemSetAccess fails after both parts are mapped", injected("cuMemSetAccess", 0)),
-        ("bank: the second parameter's allocation fails after the first succeeded", bank_second_param_fails),
+         lambda: alloc(int(a.absurd_tib * 2**40)), "cuMemCreate: "),
+        ("injected: cuMemMap of the host part fails", injected("cuMemMap", 1), "cuMemMap (injected)"),
+        ("injected: cuMemMap of the device part fails", injected("cuMemMap", 0), "cuMemMap (injected)"),
+        ("injected: cuMemSetAccess fails after both parts are mapped", injected("cuMemSetAccess", 0), "cuMemSetAccess (injected)"),
+        ("bank: the second parameter's allocation fails after the first succeeded", bank_second_param_fails, "cuMemCreate (injected)"),
     ]
     torch.cuda.empty_cache()
-    for name, attempt in cases:
+    for name, attempt, expect in cases:
         try:
-            out["cases"].append(run_case(drv, backing, name, a.iters, attempt))
+            out["cases"].append(run_case(drv, backing, name, a.iters, attempt, expect))
         except Exception:  # noqa: BLE001 - record and go on
             out["cases"].append({"case": name, "ok": False, "error": traceback.format_exc()[-2000:]})
         print(json.dumps(out["cases"][-1]), flush=True)
