@@ -216,10 +216,12 @@ class WorkerResidency:
         layers = [m.reap_layer_id for m in self.layers if m.reap_cpu_path is not None and m.reap_cpu_path.take_timeout_flag()]
         if layers:
             self.cpu_timeout_steps += 1
+        n = self.cpu_timeout_steps
+        if layers and n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ... step with timeouts: loud, not a flood
             logger.error("reap-swap CPU expert path: the CPU team did not finish a step in time in layers %s; those pairs were "
                          "recomputed on the GPU from the host rows (reap_swap_cpu_path_wait_timeouts in /metrics). The team is "
-                         "stalled or starved: check REAP_CPU_EXPERT_CPUS (cores shared with vLLM or another rank?) and host load",
-                         layers)
+                         "stalled or starved: check REAP_CPU_EXPERT_CPUS (cores shared with vLLM or another rank?) and host load "
+                         "(%d steps with timeouts so far)", layers, n)
         return layers
 
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
