@@ -27,7 +27,7 @@ from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
 from .cpu_experts import cpu_path
-from .cpu_experts.kernel import CpuThreads
+from .cpu_experts.cores import CpuSetError, parse_rank_lists
 from .control.auth import is_loopback
 
 WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     cpu = p.add_argument_group("CPU expert path (CUDA only, opt-in; outputs equal stock within bf16 tolerance, not token-identical)")
     cpu.add_argument("--cpu-experts", action="store_true",
                      help="the host CPU computes part of each small step's non-resident experts from the host rows while the GPU reads the rest")
-    cpu.add_argument("--cpu-experts-cpus", help="cores of the CPU expert team, e.g. 2-15 (default: all; keep vLLM's own threads off them)")
+    cpu.add_argument("--cpu-experts-cpus", help="cores of the CPU expert team, e.g. 2-15 (split evenly between a host's tensor-parallel ranks), "
+                          "or one list per local rank: 2-7;8-13 (default: all, split by rank; keep vLLM's own threads off them)")
     cpu.add_argument("--cpu-experts-link-gbps", type=float, help="host link GB/s for the split's cost model (default: measured at start-up)")
     cpu.add_argument("--cpu-experts-cpu-gbps", type=float, help="CPU expert GB/s for the cost model (default: measured at start-up)")
     cpu.add_argument("--cpu-experts-max-tokens", type=int, help="largest step (tokens) the CPU takes part in (default 8; prefill keeps the link path)")
@@ -95,12 +96,14 @@ def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
         if given[name] is not None:
             env[var] = str(given[name])
     if given["cpu_experts_cpus"] is not None:
+        spec = given["cpu_experts_cpus"]
+        usage = f"--cpu-experts-cpus {spec!r} is not a core list like 2-15 or 4,5,6 (or one list per local rank: 2-7;8-13)"
         try:
-            cores = CpuThreads.parse_cpus(given["cpu_experts_cpus"])
-        except ValueError:
-            cores = ()
-        if not cores:
-            raise SystemExit(f"reap-swap serve: error: --cpu-experts-cpus {given['cpu_experts_cpus']!r} is not a core list like 2-15 or 4,5,6")
+            lists = parse_rank_lists(spec, "--cpu-experts-cpus")
+        except CpuSetError as exc:
+            raise SystemExit(f"reap-swap serve: error: {usage}: {exc}") from None
+        if not all(lists):
+            raise SystemExit(f"reap-swap serve: error: {usage}")
     try:
         cpu_path.CpuPathSettings.from_env(env)
     except cpu_path.CpuPathConfigError as exc:

@@ -50,6 +50,25 @@ def _layer_index(layer_name: str) -> int:
     return int(extract_layer_index(layer_name))
 
 
+def local_ranks() -> tuple[int, int]:
+    """(local rank, ranks on this host) of this worker, for the CPU expert team's cores: torchrun's
+    ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` when both are set, else vLLM's world group (its
+    ``local_rank`` and world size over node count; vLLM's multiprocessing workers set no env)."""
+    import os
+
+    rank, world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if rank is not None and world is not None:
+        return int(rank), int(world)
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        group = ps.get_world_group()
+        nodes = max(1, int(getattr(ps, "_NODE_COUNT", None) or 1))
+        return int(group.local_rank), max(1, int(group.world_size) // nodes)
+    except (AssertionError, AttributeError, ImportError):  # no distributed state: one process
+        return 0, 1
+
+
 def make_backing(device: torch.device) -> Any:
     if device.type == "cuda":
         from .bank.cuda_vmm import VmmBacking
@@ -194,10 +213,12 @@ class ResidentRoutedExperts(RoutedExperts):
         rows = BankRows(w13, w2, bank.table.host_row_offset, bank.num_experts)
         # A padding row of the slot region (zeros) if there is one, else slot 0: HBM either way.
         filler = bank.num_slots if bank.table.host_row_offset > bank.num_slots else 0
+        rank, world = local_ranks()
         key = str(device)
         rates = _MEASURED_RATES.get(key)
         probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0)
-        path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(), device, MappedStaging(device))
+        path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(local_rank=rank, local_world=world), device,
+                            MappedStaging(device))
         if rates is None:
             rates = (measure_link_GBps(w13[bank.table.host_row_offset:]), measure_cpu_GBps(path))
             _MEASURED_RATES[key] = rates

@@ -20,7 +20,7 @@ from . import config as reap_config
 from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
-from .cpu_experts.cpu_path import summarize as cpu_path_summary
+from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, summarize as cpu_path_summary
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -57,6 +57,7 @@ class WorkerResidency:
         self.accounting.enabled = accounting
         self.steps_attributed = 0
         self.steps_unattributed = 0
+        self.cpu_timeout_steps = 0
         self.regions = host_regions(self.banks)
         self.memory_at_install = process_memory()  # its peak includes building the banks
 
@@ -146,6 +147,21 @@ class WorkerResidency:
             n = getattr(scheduler_output, "total_num_scheduled_tokens", None)
             self._valid.set(int(n) if isinstance(n, int) and n > 0 else self.arena.max_tokens)
 
+    def problems(self) -> dict[str, list[str]]:
+        """Layers whose bookkeeping is broken (``ExpertBank.check``; no bytes compared), by layer."""
+        out = {f"layer_{i}": b.check() for i, b in self.banks.items()}
+        return {k: v for k, v in out.items() if v}
+
+    def repair(self) -> dict[str, list[str]]:
+        """Repair every layer with problems (lost spares back to the pool, routing table re-published),
+        hand the online caches the repaired owners; the problems left, by layer."""
+        broken = [i for i, b in self.banks.items() if b.check()]
+        for i in broken:
+            self.banks[i].repair()
+        if broken:
+            self._install_priors({i: self.banks[i].resident() for i in broken if i in self.caches})
+        return self.problems()
+
     def resident_sets(self) -> dict[str, list[int]]:
         self.sync_tables()
         return {f"layer_{i}": list(b.resident()) for i, b in self.banks.items()}
@@ -182,9 +198,34 @@ class WorkerResidency:
             "resident": self.resident_sets(),
             "complement": self.complement(),
             "online_cache": self.online_cache(),
+            "cpu_path": self.cpu_path(),
         }
 
+    def cpu_path(self) -> dict[str, Any]:
+        """The CPU expert path's device counters summed over layers (a read-back: reports only);
+        ``wait_timeouts``: CPU pairs the merge gave up waiting for and recomputed on the device."""
+        paths = [m.reap_cpu_path for m in self.layers if m.reap_cpu_path is not None]
+        if not paths:
+            return {"enabled": False}
+        totals = [sum(v) for v in zip(*(p.counters.tolist() for p in paths))]
+        return {"enabled": True, "layers": len(paths), **dict(zip(CPU_PATH_COUNTERS, totals))}
+
+    def check_cpu_timeouts(self) -> list[int]:
+        """Layers whose merge gave up waiting for the CPU team since the last check (mapped flags, no
+        sync); logged as errors: those pairs were recomputed on the device, never merged stale."""
+        layers = [m.reap_layer_id for m in self.layers if m.reap_cpu_path is not None and m.reap_cpu_path.take_timeout_flag()]
+        if layers:
+            self.cpu_timeout_steps += 1
+        n = self.cpu_timeout_steps
+        if layers and n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ... step with timeouts: loud, not a flood
+            logger.error("reap-swap CPU expert path: the CPU team did not finish a step in time in layers %s; those pairs were "
+                         "recomputed on the GPU from the host rows (reap_swap_cpu_path_wait_timeouts in /metrics). The team is "
+                         "stalled or starved: check REAP_CPU_EXPERT_CPUS (cores shared with vLLM or another rank?) and host load "
+                         "(%d steps with timeouts so far)", layers, n)
+        return layers
+
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
+        self.check_cpu_timeouts()
         acct = self.accounting
         finished = getattr(scheduler_output, "finished_req_ids", None)
         if acct.enabled:
@@ -234,6 +275,7 @@ class WorkerResidency:
             "total_ms": (time.perf_counter() - t0) * 1e3,
             "layers_changed": total.layers_changed,
             "resident": self.resident_sets(),
+            "problems": self.problems(),
             "complement": self.complement(),
             "online_cache": self.online_cache(),
         }
@@ -389,11 +431,14 @@ class ReapWorkerExtension:
         rt.accounting.enabled = bool(enabled)
         return rt.accounting.enabled
 
-    def reap_verify(self) -> dict[str, list[int]]:
-        """Resident experts whose slot bytes differ from their host copy (must be empty)."""
+    def reap_verify(self) -> dict[str, list[str]]:
+        """Per layer, what is wrong (must be empty): resident experts whose slot bytes differ from
+        their host copy, and the bookkeeping invariants (``ExpertBank.check``: host-row owners, the
+        spare pool, routing-table damage)."""
         rt = self._reap()
         rt.sync_tables()
-        return {f"layer_{i}": b.verify() for i, b in rt.banks.items()}
+        return {f"layer_{i}": [f"expert {e}: slot bytes or host-row ownership wrong" for e in b.verify()] + b.check()
+                for i, b in rt.banks.items()}
 
     def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
@@ -413,4 +458,5 @@ class ReapWorkerExtension:
     def reap_cache_view(self) -> dict[str, Any]:
         """This rank's resident sets and online-cache counters, read back from the device now."""
         rt = self._reap()
-        return {"rank": int(getattr(self, "rank", 0) or 0), "resident": rt.resident_sets(), "online_cache": rt.online_cache()}
+        return {"rank": int(getattr(self, "rank", 0) or 0), "resident": rt.resident_sets(), "online_cache": rt.online_cache(),
+                "problems": rt.problems()}

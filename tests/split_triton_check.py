@@ -2,7 +2,7 @@
 (``split_triton.py``) against ``plan_split`` (torch) on random steps and the tie cases, its post to
 the team's mailbox (only steps with CPU pairs; ring entry, sequence number, staged hidden states),
 and the wait-and-merge program (CPU rows replaced in place once ``done`` reaches the step, the
-others untouched; a step never finished counts a timeout). Prints ``split_triton == plan_split``
+others untouched; a step never finished counts a timeout and is recomputed from the host rows). Prints ``split_triton == plan_split``
 when every check passes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import torch
 
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
-from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, split_and_stage, wait_and_merge
+from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, Recompute, split_and_stage, wait_and_merge
 
 
 def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None,
@@ -109,21 +109,61 @@ def check_ids_out_of_range() -> None:
     assert counters.tolist() == [3, int(want.n_cpu), 8, int(want.cpu_pairs.sum())], counters
 
 
+def _pair_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:
+    """Each pair's output, the CPU kernel's arithmetic (kernel.py): [T*K, H] bf16."""
+    from reap_swap.server_ext.cpu_experts.kernel import silu_and_mul_bf16
+
+    xs = x.float().repeat_interleave(k, 0)
+    h = torch.einsum("ph,pnh->pn", xs, w13[ids.long()].float()).to(torch.bfloat16)
+    a = silu_and_mul_bf16(h)
+    return (torch.einsum("pi,phi->ph", a.float(), w2[ids.long()].float()) * w.view(-1, 1)).to(torch.bfloat16)
+
+
 def check_wait_and_merge(g: torch.Generator) -> int:
+    """Finished steps merge the team's rows; a step never finished is recomputed from the host rows
+    (never the team's unfinished rows), counted, flagged for the host, and marks the team stalled so
+    the next step's pairs are recomputed without waiting again."""
     n = 0
-    for t, k, h in ((1, 8, 64), (3, 4, 40), (8, 8, 32)):
+    for t, k, h, i in ((1, 8, 64, 48), (3, 4, 40, 24), (8, 8, 32, 160)):
+        e, off = 12, 3
+        w13 = (torch.randn(off + e, 2 * i, h, generator=g) / h**0.5).to(torch.bfloat16)
+        w2 = (torch.randn(off + e, h, i, generator=g) / i**0.5).to(torch.bfloat16)
+        x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+        ids = torch.randint(0, e, (t * k,), generator=g).to(torch.int32)
+        w = torch.rand(t * k, generator=g)
         per_k = torch.randn(t * k, h, generator=g).to(torch.bfloat16)
-        cpu_out = torch.randn(t * k, h, generator=g).to(torch.bfloat16)
+        cpu_out = torch.randn(t * k, h, generator=g).to(torch.bfloat16)  # what an unfinished team left
         pairs = torch.rand(t * k, generator=g) < 0.5
+        pairs[0] = True
         mailbox = torch.zeros(MAILBOX_WORDS, dtype=torch.int64)
         timeouts = torch.zeros(1, dtype=torch.int64)
-        for done, limit in ((7, 1 << 24), (6, 3)):  # finished (done >= expected 7), and never finished
-            mailbox[8] = done
-            rows = per_k.clone()
-            wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([7]), timeouts, limit)
-            assert torch.equal(rows, torch.where(pairs[:, None], cpu_out, per_k))
-            n += 1
-        assert int(timeouts) == int(pairs.sum()), (timeouts, pairs.sum())  # each waiting program counts once
+        flag, stalled = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+        rc = Recompute(x, ids, w, w13, w2, off, k, torch.zeros(t * k, i), flag, stalled)
+        want = _pair_reference(x, w13[off:], w2[off:], ids, w, k)
+        scale = float(want.float().abs().max())
+        mailbox[8] = 7
+        rows = per_k.clone()
+        wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([7]), timeouts, rc, 1 << 24)  # finished: the team's rows
+        assert torch.equal(rows, torch.where(pairs[:, None], cpu_out, per_k)) and int(timeouts) == 0 and int(flag) == 0
+        n += 1
+        mailbox[8] = 6
+        rows = per_k.clone()
+        wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([7]), timeouts, rc, 3)  # never finished
+        assert torch.equal(rows[~pairs], per_k[~pairs])
+        err = float((rows[pairs].float() - want[pairs].float()).abs().max())
+        assert err <= 2**-5 * scale, (err, scale)  # recomputed from the host rows (bf16 roundings of fp32 sums in another order), not the leftovers
+        assert int(timeouts) == int(pairs.sum()) and int(flag) == 1 and int(stalled) == 7  # each waiting program counts once
+        n += 1
+        rows = per_k.clone()  # next step (seq 8) while the team is still behind 7: recomputed at once (limit ignored)
+        wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([8]), timeouts, rc, 1 << 30)
+        assert float((rows[pairs].float() - want[pairs].float()).abs().max()) <= 2**-5 * scale
+        assert int(timeouts) == 2 * int(pairs.sum()) and int(stalled) == 8
+        n += 1
+        mailbox[8] = 8  # the team caught up: its rows are merged again
+        rows = per_k.clone()
+        wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([8]), timeouts, rc, 3)
+        assert torch.equal(rows, torch.where(pairs[:, None], cpu_out, per_k)) and int(timeouts) == 2 * int(pairs.sum())
+        n += 1
     return n
 
 

@@ -29,7 +29,7 @@ def test_every_counter_family_is_rendered_with_its_value() -> None:
 
 def test_disabled_features_and_missing_values_render_without_error() -> None:
     s = _samples(exposition({}, {"online_cache": {"enabled": False}, "complement": {"enabled": False}}, None))
-    assert s == {"reap_swap_online_cache_enabled": 0.0, "reap_swap_ram_complement_enabled": 0.0}
+    assert s == {"reap_swap_online_cache_enabled": 0.0, "reap_swap_ram_complement_enabled": 0.0, "reap_swap_cpu_path_enabled": 0.0}
 
 
 def test_middleware_appends_to_plain_text_only_and_survives_a_slow_plane() -> None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from .bank_layout import BankLayout, contiguous_layout, page_layout
-from .exchange import ComplementLayer, ExchangeCounters
+from .exchange import ComplementLayer, ExchangeCounters, ExchangeOps
 from .host_rows import LayerHostRows, complement_owners
 from .slots import SlotMove, SlotPlan, SlotTable
 
@@ -153,6 +153,8 @@ class ExpertBank:
         self.backing = backing
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
         self.complement: ComplementLayer | None = None
+        self.ops_hook: Callable[[ExchangeOps], ExchangeOps] | None = None
+        """Wraps the exchange copies (``swap_repair``'s fault injection on a real server); None in service."""
         if complement is None:
             sources = [list(range(num_experts))]  # host row r holds expert r
             residents: tuple[int, ...] = ()
@@ -169,8 +171,16 @@ class ExpertBank:
         host_offset = layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
-        phys = {n: backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
-                for (n, p), stride in zip(params.items(), layout.row_strides)}
+        phys: dict[str, torch.Tensor] = {}
+        try:
+            for (n, p), stride in zip(params.items(), layout.row_strides):
+                phys[n] = backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
+        except BaseException:
+            free = getattr(backing, "free", None)  # a backing that owns driver memory gives it back
+            for t in phys.values():
+                if free is not None:
+                    free(t)
+            raise
         with torch.no_grad():
             for n, p in params.items():
                 dst, src = phys.pop(n), p.data
@@ -290,7 +300,7 @@ class ExpertBank:
         """Complement mode: evictions go GPU -> spare host rows, promoted rows become spares."""
         assert self.complement is not None
         t0 = time.perf_counter()
-        plan, delta = self.complement.exchange(target, _TensorOps(self))
+        plan, delta = self.complement.exchange(target, self._ops())
         stats = SwapStats()
         if plan.empty:
             return stats
@@ -300,6 +310,21 @@ class ExpertBank:
         stats.copy_s = time.perf_counter() - t0  # copies and publishes interleave batch by batch
         stats.layers_changed = [self.layer_id]
         return stats
+
+    def _ops(self) -> ExchangeOps:
+        ops: ExchangeOps = _TensorOps(self)
+        return self.ops_hook(ops) if self.ops_hook is not None else ops
+
+    def check(self) -> list[str]:
+        """Bookkeeping invariants, cheap (no bytes compared): in complement mode host-row ownership,
+        the spare pool and routing-table damage (``ComplementLayer.check``); empty when all hold."""
+        return self.complement.check() if self.complement is not None else []
+
+    def repair(self) -> list[str]:
+        """Complement mode: reclaim lost spare rows and re-publish the routing table; the problems left."""
+        if self.complement is None:
+            return []
+        return self.complement.repair(self._ops())
 
     def verify(self) -> list[int]:
         """Experts whose slot bytes differ from their host bytes (should be empty).

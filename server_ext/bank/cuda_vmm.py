@@ -19,6 +19,8 @@ and a promotion an H2D copy out of one, so no remapping happens at swap time
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,8 +37,22 @@ except ImportError:  # pragma: no cover - depends on the CUDA install
         cu = None
 
 
+logger = logging.getLogger("reap_swap.server_ext")
+
+
 class VmmError(RuntimeError):
     pass
+
+
+@dataclass
+class VmmAllocation:
+    """The driver objects of one ``allocate``: released in reverse (unmap, release, free the range)
+    when a later step fails, or by ``VmmBacking.free``; a failed allocation keeps nothing."""
+
+    ptr: int
+    size: int
+    handles: list[Any] = field(default_factory=list)
+    mapped: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _check(result: Any) -> Any:
@@ -63,7 +79,8 @@ class VmmBacking:
         self.ordinal = device.index if device.index is not None else torch.cuda.current_device()
         self.numa_node = numa_node
         torch.cuda.init()
-        self._keep: list[Any] = []  # handles and wrappers live as long as the server
+        self._keep: list[Any] = []  # array wrappers live as long as the server
+        self.allocations: list[VmmAllocation] = []  # live reservations, their handles and mappings
         self._host_ranges: list[tuple[int, int]] = []  # (address, bytes) of host-backed parts
         self.host_readable = False
         self.granularity = max(self._granularity(self._prop(device=True)), self._granularity(self._prop(device=False)))
@@ -97,27 +114,72 @@ class VmmBacking:
         if dev_bytes % self.granularity:
             raise VmmError("slot region is not page aligned")
         total = dev_bytes + host_bytes
-        ptr = int(_check(cu.cuMemAddressReserve(total, self.granularity, 0, 0)))
-        offset = 0
-        for size, on_device in ((dev_bytes, True), (host_bytes, False)):
-            if size == 0:
-                continue
-            handle = _check(cu.cuMemCreate(size, self._prop(device=on_device), 0))
-            _check(cu.cuMemMap(ptr + offset, size, 0, handle, 0))
-            self._keep.append(handle)
-            if not on_device:
-                self._host_ranges.append((ptr + offset, size))
-            offset += size
-        access = cu.CUmemAccessDesc()
-        access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        access.location.id = self.ordinal
-        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        _check(cu.cuMemSetAccess(ptr, total, [access], 1))
-        if self.host_readable and host_bytes:
-            self._grant(ptr + dev_bytes, host_bytes)
-        owner = _CudaArray(ptr, num_rows * row_stride)
+        taken = VmmAllocation(int(_check(cu.cuMemAddressReserve(total, self.granularity, 0, 0))), total)
+        try:
+            offset = 0
+            for size, on_device in ((dev_bytes, True), (host_bytes, False)):
+                if size == 0:
+                    continue
+                taken.handles.append(_check(cu.cuMemCreate(size, self._prop(device=on_device), 0)))
+                _check(cu.cuMemMap(taken.ptr + offset, size, 0, taken.handles[-1], 0))
+                taken.mapped.append((taken.ptr + offset, size))
+                offset += size
+            access = cu.CUmemAccessDesc()
+            access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            access.location.id = self.ordinal
+            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            _check(cu.cuMemSetAccess(taken.ptr, total, [access], 1))
+            if self.host_readable and host_bytes:
+                self._grant(taken.ptr + dev_bytes, host_bytes)
+            owner = _CudaArray(taken.ptr, num_rows * row_stride)
+            rows = strided_rows(self._wrap(owner), num_rows, row_stride, row_shape, dtype)
+        except BaseException as exc:
+            problems = self._undo(taken)
+            if problems:
+                exc.add_note(f"releasing the failed VMM allocation also failed: {'; '.join(problems)}")
+            raise
+        self.allocations.append(taken)
+        if host_bytes:
+            self._host_ranges.append((taken.ptr + dev_bytes, host_bytes))
         self._keep.append(owner)
-        return strided_rows(torch.as_tensor(owner, device=self.device), num_rows, row_stride, row_shape, dtype)
+        return rows
+
+    def _wrap(self, owner: _CudaArray) -> torch.Tensor:
+        return torch.as_tensor(owner, device=self.device)
+
+    @staticmethod
+    def _undo(taken: VmmAllocation) -> list[str]:
+        """Unmap, release and free everything ``taken`` holds, in reverse; every step is tried even
+        when an earlier one fails. Returns the failures (empty when all went back)."""
+        problems = []
+        steps = [(f"cuMemUnmap({addr:#x}, {size})", cu.cuMemUnmap, (addr, size)) for addr, size in reversed(taken.mapped)]
+        steps += [("cuMemRelease", cu.cuMemRelease, (h,)) for h in reversed(taken.handles)]
+        steps.append((f"cuMemAddressFree({taken.ptr:#x}, {taken.size})", cu.cuMemAddressFree, (taken.ptr, taken.size)))
+        for name, call, args in steps:
+            try:
+                _check(call(*args))
+            except Exception as exc:  # noqa: BLE001 - keep releasing the rest
+                problems.append(f"{name}: {exc}")
+        taken.mapped.clear()
+        taken.handles.clear()
+        return problems
+
+    def free(self, rows: torch.Tensor) -> None:
+        """Give back the allocation behind ``rows`` (a bank whose later allocation failed); nothing may
+        use ``rows`` afterwards."""
+        self._free_at(rows.data_ptr())
+
+    def _free_at(self, ptr: int) -> None:
+        match = [a for a in self.allocations if a.ptr == ptr]
+        if not match:
+            raise VmmError(f"no VMM allocation starts at {ptr:#x}")
+        taken = match[0]
+        self.allocations.remove(taken)
+        self._host_ranges = [(a, n) for a, n in self._host_ranges if not taken.ptr <= a < taken.ptr + taken.size]
+        self._keep = [k for k in self._keep if not (isinstance(k, _CudaArray) and k.__cuda_array_interface__["data"][0] == ptr)]
+        problems = self._undo(taken)
+        if problems:
+            raise VmmError(f"releasing the VMM allocation at {ptr:#x} failed: {'; '.join(problems)}")
 
     def grant_host_access(self) -> None:
         """Let this process's CPU threads read the host rows at their (unified) addresses.

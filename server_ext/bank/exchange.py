@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Protocol
 
-from .host_rows import HostRowError, LayerHostRows
+from .host_rows import HostRowError, LayerHostRows, SpareRow
 from .slots import SlotError, SlotMove, SlotPlan, SlotTable
 
 
@@ -102,6 +102,8 @@ class ComplementLayer:
         self.min_residents = max(0, table.num_experts - rows.num_rows)
         self.counters = ExchangeCounters()
         self._cache_evictions_seen = self._cache_promotions_seen = 0
+        self.damaged: str | None = None
+        """Why the device's routing table may disagree with the tables (a re-publish failed), else None."""
         problems = rows.check(set(table.resident()))
         if problems:
             raise HostRowError(f"layer {rows.layer}: inconsistent start state: {problems[:3]}")
@@ -169,37 +171,102 @@ class ComplementLayer:
             return plan, delta
         batches = plan_batches(plan, self.table.free_slots(), self.rows.spare_count)
         block = self.rows.block_bytes
-        for b in batches:
-            spares = [self.rows.take_spare() for _ in b.evict]
+        done: list[Batch] = []
+        try:
+            for b in batches:
+                self._run_batch(b, ops)
+                done.append(b)
+                pairs = min(len(b.evict), len(b.load))
+                delta.exchanges += pairs
+                delta.rotated_blocks += pairs
+                delta.memcpy_bytes_avoided += pairs * block
+                delta.d2h_bytes += len(b.evict) * block
+                delta.h2d_bytes += len(b.load) * block
+        finally:  # the batches that completed moved bytes even when a later one failed
+            delta.rounds = int(bool(done))
+            self.counters.add(delta)
+        done_plan = SlotPlan(tuple(m for b in done for m in b.evict), tuple(m for b in done for m in b.load))
+        return done_plan, delta
+
+    def _run_batch(self, b: Batch, ops: ExchangeOps) -> None:
+        """One batch; on any failure the layer is put back to a consistent state before the error
+        propagates: spares taken for copies that did not land are given back, a table change whose
+        publish failed is undone (the bytes it routed away from are still there) and the last
+        consistent map is published again. Only a failing re-publish leaves the layer ``damaged``."""
+        spares: list[SpareRow] = []
+        try:
+            for _ in b.evict:
+                spares.append(self.rows.take_spare())
             for m, sp in zip(b.evict, spares):
                 ops.to_host(m.slot, sp.row)
             ops.wait()
-            self.table.apply_evictions(SlotPlan(b.evict, ()))
-            for m, sp in zip(b.evict, spares):
-                self.rows.adopt(m.expert, sp)
-            if b.evict:
+        except BaseException:
+            for sp in spares:  # nothing routes to them: their half-written bytes are garbage nobody reads
+                self.rows.give_back(sp)
+            raise
+        self.table.apply_evictions(SlotPlan(b.evict, ()))
+        for m, sp in zip(b.evict, spares):
+            self.rows.adopt(m.expert, sp)
+        if b.evict:
+            try:
                 ops.publish(self.physical_map())
-                self._snapshot = self._take_snapshot()
-            for m in b.load:
-                ops.to_slot(self.rows.row_of(m.expert), m.slot)
-            ops.wait()
-            self.table.apply_loads(SlotPlan((), b.load))
-            if b.load:
+            except BaseException as exc:  # the slots still hold the evicted bytes: route them back there
+                for m in b.evict:
+                    self.rows.release(m.expert)
+                self.table.apply_loads(SlotPlan((), b.evict))
+                self._republish(ops, exc)
+                raise
+            self._snapshot = self._take_snapshot()
+        # From here the evictions are committed; a failing load copy changes no table entry (its
+        # target slots are free and unrouted).
+        for m in b.load:
+            ops.to_slot(self.rows.row_of(m.expert), m.slot)
+        ops.wait()
+        self.table.apply_loads(SlotPlan((), b.load))
+        if b.load:
+            try:
                 ops.publish(self.physical_map())
                 ops.wait()
-            for m in b.load:
-                self.rows.release(m.expert)
-            self._snapshot = self._take_snapshot()
-            pairs = min(len(b.evict), len(b.load))
-            delta.exchanges += pairs
-            delta.rotated_blocks += pairs
-            delta.memcpy_bytes_avoided += pairs * block
-            delta.d2h_bytes += len(b.evict) * block
-            delta.h2d_bytes += len(b.load) * block
-        delta.rounds = 1
-        self.counters.add(delta)
-        done = SlotPlan(tuple(m for b in batches for m in b.evict), tuple(m for b in batches for m in b.load))
-        return done, delta
+            except BaseException as exc:  # the promoted experts still own their host rows and bytes
+                self.table.apply_evictions(SlotPlan(b.load, ()))
+                self._republish(ops, exc)
+                raise
+        for m in b.load:
+            self.rows.release(m.expert)
+        self._snapshot = self._take_snapshot()
+
+    def _republish(self, ops: ExchangeOps, cause: BaseException) -> None:
+        """Publish the (restored) consistent map; if that fails too the device may route to rows
+        the tables call free, so the layer is marked damaged until ``repair`` succeeds."""
+        self._snapshot = self._take_snapshot()
+        try:
+            ops.publish(self.physical_map())
+            ops.wait()
+        except BaseException as again:  # noqa: BLE001 - the original failure is what propagates
+            self.damaged = (f"layer {self.rows.layer}: routing table not re-published after a failed exchange "
+                            f"({type(cause).__name__}: {cause}; re-publish: {type(again).__name__}: {again})")
+
+    def check(self) -> list[str]:
+        """Every invariant of this layer (empty when all hold): host-row ownership against the slot
+        table, every row owned or spare exactly once, and no unrepaired routing-table damage."""
+        problems = self.rows.check(set(self.table.resident()))
+        if self.damaged is not None:
+            problems.append(self.damaged)
+        return problems
+
+    def repair(self, ops: ExchangeOps) -> list[str]:
+        """Heal what can be healed without the weights: rows neither owned nor spare go back to the
+        spare pool (they hold no expert anybody routes to) and the map is published again. Returns
+        the problems left (an expert with neither a slot nor a row cannot be healed here)."""
+        self.rows.reclaim_spares()
+        try:
+            ops.publish(self.physical_map())
+            ops.wait()
+            self.damaged = None
+        except Exception as exc:  # noqa: BLE001 - reported, the layer stays damaged
+            self.damaged = f"layer {self.rows.layer}: repair could not publish the routing table: {type(exc).__name__}: {exc}"
+        self._snapshot = self._take_snapshot()
+        return self.check()
 
 
 __all__ = ["Batch", "ComplementLayer", "ExchangeCounters", "ExchangeOps", "HostRowError", "SlotError", "plan_batches"]

@@ -95,6 +95,14 @@ class LayerHostRows:
             raise HostRowError(f"layer {self.layer}: row {spare.row} is already spare")
         self._spares.append(spare.row)
 
+    def reclaim_spares(self) -> list[int]:
+        """Rows that no expert owns but that are missing from the spare pool (a handle lost by a
+        failure) become spares again; a row listed twice is listed once. Returns the rows reclaimed."""
+        pool = sorted(set(self._spares))
+        lost = [r for r in range(self.num_rows) if self._owner[r] < 0 and r not in set(pool)]
+        self._spares = [r for r in reversed(range(self.num_rows)) if self._owner[r] < 0]
+        return lost
+
     def _check_handle(self, spare: SpareRow) -> None:
         if spare.layer != self.layer:
             raise HostRowError(f"spare row of layer {spare.layer} offered to layer {self.layer}")

@@ -6,10 +6,12 @@ and swap counters. Every change goes to the workers through one RPC
 callable, serialized by a lock (one swap in flight), and the resident state
 it keeps is always the one the workers answered with.
 
-When a swap fails inside a worker, or ranks answer with different resident
-sets, the view is marked inconsistent: every rank's resident set is re-read,
-ranks that disagree are brought to one set, and resident-state routes answer
-503 until all ranks agree again. Nothing here is unbounded: request records
+When a swap fails inside a worker, ranks answer with different resident
+sets, or a rank reports a layer whose bookkeeping is broken (its answers'
+``problems``: lost spare rows, a routing table not re-published), the view is
+marked inconsistent: every rank's resident set is re-read, broken layers are
+repaired (``reap_repair``), ranks that disagree are brought to one set, and
+resident-state routes answer 503 until all ranks agree and none is broken. Nothing here is unbounded: request records
 and rejection logs are LRU caches, and bytes copied are metered by a token
 bucket (a fresh request id buys nothing).
 """
@@ -112,7 +114,7 @@ class ControlPlane:
         if self.cfg.swap_bytes_per_s > 0:
             full_bank = sum(self.capacity.values()) * int(info["expert_bytes"])
             self.bucket = TokenBucket(self.cfg.swap_bytes_per_s, max(self.cfg.swap_bytes_per_s, full_bank, 1))
-        self._check_ranks([i["resident"] for i in infos], "at start-up")
+        self._check_ranks(infos, "at start-up")
 
     @property
     def ready(self) -> bool:
@@ -123,28 +125,43 @@ class ControlPlane:
             raise HTTPError(503, "residency control plane is not ready", "not_ready")
         return self.plan
 
-    def _check_ranks(self, residents: list[Mapping[str, list[int]]], when: str) -> bool:
-        """Adopt the ranks' resident set if they all agree, else mark the view inconsistent."""
-        states = [parse_resident(r) for r in residents]
+    def _check_ranks(self, answers: list[Mapping[str, Any]], when: str) -> bool:
+        """Adopt the ranks' resident set if they all agree and no rank reports a broken layer (an
+        answer's ``problems``: layer -> what ``ExpertBank.check`` found), else mark the view inconsistent."""
+        states = [parse_resident(a["resident"]) for a in answers]
+        broken = {f"rank {r}": dict(a["problems"]) for r, a in enumerate(answers) if a.get("problems")}
+        self.resident = states[0] if states else self.resident
+        if broken:
+            self.inconsistent = f"layers inconsistent {when}: {broken}"[:2000]
+            return False
         if states and all(s == states[0] for s in states[1:]):
-            self.resident = states[0]
             self.inconsistent = None
             return True
         sigs = [signature(s) for s in states]
         self.inconsistent = f"ranks disagree {when}: resident signatures {sigs}"
-        self.resident = states[0] if states else self.resident
         return False
 
-    async def _read_ranks(self) -> list[Mapping[str, list[int]]]:
-        """Every rank's resident sets, read from its slot tables (``swap_repair.RepairingWorkerExtension``)."""
-        return [a["resident"] for a in await self._rpc("reap_resident_sets")]
+    async def _read_ranks(self) -> list[Mapping[str, Any]]:
+        """Every rank's resident sets and broken layers, read from its tables (``swap_repair.RepairingWorkerExtension``)."""
+        return list(await self._rpc("reap_resident_sets"))
 
     async def resync(self) -> bool:
-        """Re-read every rank; bring disagreeing ranks to rank 0's set. True when consistent."""
+        """Re-read every rank; repair broken layers' bookkeeping, bring disagreeing ranks to rank 0's
+        set. True when consistent; until then the view stays inconsistent (swaps answer 503)."""
         self.counters.resyncs += 1
         try:
-            if self._check_ranks(await self._read_ranks(), "after re-read"):
+            answers = await self._read_ranks()
+            if self._check_ranks(answers, "after re-read"):
                 return True
+            if any(a.get("problems") for a in answers):
+                logger.warning("reap-swap: %s; repairing their bookkeeping", self.inconsistent)
+                await self._rpc("reap_repair")
+                answers = await self._read_ranks()
+                if self._check_ranks(answers, "after a bookkeeping repair"):
+                    return True
+                if any(a.get("problems") for a in answers):
+                    logger.error("reap-swap: %s", self.inconsistent)
+                    return False
             logger.warning("reap-swap: %s; repairing to rank 0's set", self.inconsistent)
             await self._rpc("reap_swap", layer_payload(self.resident))
             return self._check_ranks(await self._read_ranks(), "after repair")
@@ -160,7 +177,7 @@ class ControlPlane:
             return
         views = await self._rpc("reap_cache_view")
         self.worker_info["online_cache"] = views[0]["online_cache"]
-        self._check_ranks([v["resident"] for v in views], "after a read-back of the online caches")
+        self._check_ranks(views, "after a read-back of the online caches")
 
     async def read_back(self) -> None:
         """``refresh_view`` for reports, serialized with swaps."""
@@ -244,7 +261,7 @@ class ControlPlane:
             for key in ("complement", "online_cache"):  # live counters for /reap/status
                 if key in worker:
                     self.worker_info[key] = worker[key]
-            if not self._check_ranks([r["resident"] for r in results], "after a swap"):
+            if not self._check_ranks(results, "after a swap"):
                 await self.resync()
                 raise HTTPError(503, f"swap left ranks inconsistent; {self.inconsistent or 'repaired'}", "swap_failed",
                                 headers={"Retry-After": "1"})

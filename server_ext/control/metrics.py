@@ -78,6 +78,18 @@ class _Snapshot(Collector):
                 ("evictions", "evictions", "experts evicted from slots by promotions", 1.0),
                 ("promotion_link_bytes", "promotion_link_bytes", "bytes the promotions copied over the host link", 1.0),
             ))
+        cpu = w.get("cpu_path") or {}
+        yield GaugeMetricFamily(f"{PREFIX}_cpu_path_enabled", "1 when the CPU expert path computes part of the misses",
+                                value=1.0 if cpu.get("enabled") else 0.0)
+        if cpu.get("enabled"):
+            yield from _families(CounterMetricFamily, "cpu_path_", cpu, (
+                ("wait_timeouts", "wait_timeouts", "CPU pairs whose merge gave up waiting for the CPU team (~17 s of polls); "
+                 "recomputed on the GPU from the host rows, logged as errors", 1.0),
+                ("cpu_pairs", "cpu_pairs", "routed pairs the split gave the CPU", 1.0),
+                ("cpu_experts", "cpu_experts", "missed experts the split gave the CPU, per layer step", 1.0),
+                ("missed_pairs", "missed_pairs", "routed pairs whose expert was not resident, at the split", 1.0),
+                ("missed_experts", "missed_experts", "missed experts per layer step, at the split", 1.0),
+            ))
         comp = w.get("complement") or {}
         yield GaugeMetricFamily(f"{PREFIX}_ram_complement_enabled", "1 in RAM-complement mode", value=1.0 if comp.get("enabled") else 0.0)
         if comp.get("enabled"):

@@ -11,7 +11,9 @@ the link, or computed on the CPU: one decision each):
    posted to the CPU team (``cpu_experts.team``) -- on CUDA all of it one Triton program;
 3. the team computes the CPU pairs from the host rows while the GPU kernel reads the link's
    share; 4. ``merge`` waits for the team and puts its outputs into the kernel's per-(token, k)
-   cache just before vLLM's ``moe_sum``, so the k-sum keeps its stock order.
+   cache just before vLLM's ``moe_sum``, so the k-sum keeps its stock order. A wait that times out
+   never merges the team's unfinished rows: the pair is recomputed on the device from its host row
+   over the link, counted (``wait_timeouts``, in ``/metrics``) and logged by the worker.
 
 Outputs differ from stock only by the CPU's arithmetic on the CPU pairs (bf16 tolerance, opt-in).
 Counters: on the device ``[missed experts, CPU experts, missed pairs, CPU pairs]`` summed over
@@ -40,6 +42,7 @@ ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
 ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
 ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
+WAIT_POLLS = 1 << 24  # the merge's polls of the team's ``done`` before it recomputes on the device (~17 s on the H200)
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
 
 
@@ -107,6 +110,10 @@ class LayerCpuPath:
         self.cost = cost
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
+        self._recompute: Any = None  # split_triton.Recompute, built on the first fused merge
+        self.wait_limit = WAIT_POLLS
+        # set by the merge kernel when it gave up waiting for the team (mapped: read without a sync)
+        self._timeout_flag_host, self._timeout_flag = (staging or self.step_job.staging).alloc((1,), torch.int32)
 
     @property
     def cost(self) -> CostModel:
@@ -169,8 +176,27 @@ class LayerCpuPath:
         rows = per_k if per_k.is_contiguous() else per_k.contiguous()
         job = self.step_job
         wait_and_merge(rows.view(t * self.top_k, -1), job.out.view(-1, self.bank.hidden), pending.reshape(-1), job.team.mailbox,
-                       self.expected, self.counters[4:])
+                       self.expected, self.counters[4:], self.recompute(), self.wait_limit)
         return rows.view(per_k.shape)
+
+    def recompute(self) -> Any:
+        """Where the merge recomputes a pair the team did not finish in time (``split_triton.Recompute``)."""
+        if self._recompute is None:
+            from .split_triton import Recompute
+
+            job, b = self.step_job, self.bank
+            scratch = torch.zeros(self.settings.max_tokens * self.top_k, b.inter, dtype=torch.float32, device=self.device)
+            self._recompute = Recompute(job.x, job.ids.view(-1), job.weights.view(-1), b.w13, b.w2, b.row_offset, self.top_k,
+                                        scratch, self._timeout_flag, job.team.stalled_on_device)
+        return self._recompute
+
+    def take_timeout_flag(self) -> bool:
+        """True once after a merge gave up waiting for the team (pairs recomputed on the device); a
+        host read of mapped memory, no sync (the step that set it may have finished just now)."""
+        if int(self._timeout_flag_host[0]) == 0:
+            return False
+        self._timeout_flag_host[0] = 0
+        return True
 
     def abandon(self) -> bool:
         """After the experts ran: True if the merge took the step (a posted step the merge never

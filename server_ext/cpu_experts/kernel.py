@@ -22,8 +22,8 @@ Backends:
 kt-kernel was evaluated: its MoE classes copy/repack the weights into their own buffers at load
 and return the k-sum, not per-pair outputs; its plain-layout MLP/linear are not bound to Python.
 
-Threads: ``CpuThreads`` (env ``REAP_CPU_EXPERT_THREADS``, ``REAP_CPU_EXPERT_CPUS`` e.g. ``8-15``)
-names the cores the CPU expert path may use; give it cores vLLM's own threads do not use and call
+Threads: ``CpuThreads`` (env ``REAP_CPU_EXPERT_THREADS``, ``REAP_CPU_EXPERT_CPUS`` e.g. ``8-15``, or
+``2-7;8-13`` for one list per local rank: ``cores.py``) names the cores the CPU expert path may use; give it cores vLLM's own threads do not use and call
 ``CpuExperts.run`` from one dedicated host thread (serving uses the team in ``team.py``).
 The torch backends use torch's process-wide intra-op pool (``torch.set_num_threads``), so they
 are for tests and comparison, not for serving next to vLLM.
@@ -42,6 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .cores import ENV_CPUS, parse_core_list, rank_cpus
+
 BACKENDS = ("torch", "linear", "native")
 _SRC = Path(__file__).with_name("native_experts.c")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
@@ -56,16 +58,14 @@ class CpuThreads:
 
     @staticmethod
     def parse_cpus(spec: str) -> tuple[int, ...]:
-        """``"8-11,14"`` -> ``(8, 9, 10, 11, 14)``."""
-        out: list[int] = []
-        for part in filter(None, (p.strip() for p in spec.split(","))):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-        return tuple(out)
+        """``"8-11,14"`` -> ``(8, 9, 10, 11, 14)`` (one list; ``cores.parse_core_list``)."""
+        return parse_core_list(spec)
 
     @classmethod
-    def from_env(cls, default_n: int | None = None) -> "CpuThreads":
-        cpus = cls.parse_cpus(os.environ.get("REAP_CPU_EXPERT_CPUS", ""))
+    def from_env(cls, default_n: int | None = None, local_rank: int = 0, local_world: int = 1) -> "CpuThreads":
+        """Local rank ``local_rank``'s cores from ``REAP_CPU_EXPERT_CPUS`` (per-rank lists or one list
+        split by rank: ``cores.rank_cpus``) and ``REAP_CPU_EXPERT_THREADS`` threads (default: one per core)."""
+        cpus = rank_cpus(os.environ.get(ENV_CPUS, ""), local_rank, local_world)
         n = int(os.environ.get("REAP_CPU_EXPERT_THREADS", "0")) or len(cpus) or default_n or len(os.sched_getaffinity(0))
         return cls(n=n, cpus=cpus)
 
@@ -178,6 +178,8 @@ def native_library() -> ctypes.CDLL | None:
     lib.reap_team_run.restype = i32
     lib.reap_team_set_test_delay_us.argtypes = [i64]
     lib.reap_team_set_test_delay_us.restype = None
+    lib.reap_job_set_test_clobber_ids.argtypes = [i32]
+    lib.reap_job_set_test_clobber_ids.restype = None
     _native = lib
     return lib
 

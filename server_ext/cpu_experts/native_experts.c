@@ -299,7 +299,9 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
  * (ascending expert, pairs in (token, k) order), computes them from the bank's host rows in place
  * and writes each pair's bf16 output at its (token, k) row of the [T, K, H] per-k buffer (other
  * rows untouched: the device only reads the masked ones). A bad id sets status and the step
- * computes nothing. Field order is mirrored by step.py's ctypes. */
+ * computes nothing. The device may write ids / mask (mapped host memory) at any time, so the step
+ * reads each of them exactly once, into ``sel``, validates that copy and uses only the copy: a
+ * value changed after the check can never index ``counts``. Field order is mirrored by step.py's ctypes. */
 typedef struct {
   const int32_t* ids;
   const uint8_t* mask;
@@ -320,6 +322,7 @@ typedef struct {
   void* xs;            /* [T * H] act_t */
   float* hs;           /* [T * K * 2I] */
   void* as;            /* [T * K * I] act_t */
+  int32_t* sel;        /* [T * K]: expert of each CPU pair as read once from ids / mask, -1 for other pairs */
   int64_t calls, steps_with_work, experts, pairs, ns, bytes, status;
 } reap_cpu_job;
 
@@ -333,16 +336,29 @@ static int64_t now_ns(void) {
 }
 
 /* Group the job's CPU pairs into w (single thread). Returns the number of pairs (0: nothing). */
+/* Tests only: a value plan_job writes over every staged id right after taking its copy (a device
+ * writer racing the team); 0x7fffffff: off. The step must compute from the copy regardless. */
+static int32_t g_test_clobber_ids = 0x7fffffff;
+void reap_job_set_test_clobber_ids(int32_t v) { __atomic_store_n(&g_test_clobber_ids, v, __ATOMIC_RELAXED); }
+
 static int plan_job(reap_cpu_job* j, work_t* w) {
   const int64_t T = j->T, K = j->K, E = j->E, TK = T * K;
   j->calls++;
   memset(j->counts, 0, sizeof(int32_t) * (size_t)(E + 1));
   int64_t np = 0;
+  int32_t* sel = j->sel;
+  for (int64_t q = 0; q < TK; q++) { /* the only reads of ids / mask */
+    const uint8_t m = __atomic_load_n((const uint8_t*)&j->mask[q], __ATOMIC_RELAXED);
+    const int32_t e = m ? __atomic_load_n((const int32_t*)&j->ids[q], __ATOMIC_RELAXED) : -1;
+    if (m && (e < 0 || e >= E)) { j->status = -1; return 0; }
+    sel[q] = e;
+  }
+  const int32_t clobber = __atomic_load_n(&g_test_clobber_ids, __ATOMIC_RELAXED);
+  if (clobber != 0x7fffffff)
+    for (int64_t q = 0; q < TK; q++) ((int32_t*)j->ids)[q] = clobber;
   for (int64_t q = 0; q < TK; q++) {
-    if (!j->mask[q]) continue;
-    int32_t e = j->ids[q];
-    if (e < 0 || e >= E) { j->status = -1; return 0; }
-    j->counts[e + 1]++;
+    if (sel[q] < 0) continue;
+    j->counts[sel[q] + 1]++;
     np++;
   }
   if (np == 0) return 0;
@@ -358,8 +374,8 @@ static int plan_job(reap_cpu_job* j, work_t* w) {
   }
   j->group_off[ng] = (int32_t)np;
   for (int64_t q = 0; q < TK; q++) { /* stable: (token, k) order inside each expert */
-    if (!j->mask[q]) continue;
-    int32_t p = j->counts[j->ids[q]]++;
+    if (sel[q] < 0) continue;
+    int32_t p = j->counts[sel[q]]++;
     j->pair_tok[p] = (int32_t)(q / K);
     j->pair_dst[p] = (int32_t)q;
     j->pair_w[p] = j->weights[q];

@@ -15,8 +15,12 @@ them cost ~3.9 ms per decode step (graph replay), more than the CPU path saves a
 * ``wait_and_merge`` (one program per (token, k)): a CPU pair's program polls the mailbox's
   ``done`` until its step is finished, then copies the CPU's output row over the fused kernel's
   per-k row, in place, right before vLLM's ``moe_sum``; other programs do nothing. The poll is
-  bounded: past ``WAIT_LIMIT`` reads it gives up and counts a timeout (a dead team must not hang the
-  GPU; the counter is in the path's stats).
+  bounded: past ``WAIT_LIMIT`` reads it gives up (a dead team must not hang the GPU), counts a
+  timeout, raises the host-visible flag the worker logs from, and **recomputes the pair on the
+  device** from the staged hidden state and the expert's host row read over the link (UVA), with the
+  CPU kernel's arithmetic -- the team's output row, unfinished, is never merged. While the team is
+  still behind a step that timed out (``stalled``), later pairs are recomputed at once instead of
+  waiting again; the team's own outputs are merged again once it has caught up.
 
 Imported only where Triton runs (CUDA, or CPU tests under ``TRITON_INTERPRET=1``).
 """
@@ -24,6 +28,7 @@ Imported only where Triton runs (CUDA, or CPU tests under ``TRITON_INTERPRET=1``
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,12 +37,16 @@ import triton.language as tl
 
 from .team import MAILBOX_WORDS
 
-__all__ = ["MAILBOX_WORDS", "Post", "split_and_stage", "wait_and_merge"]
+__all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_merge"]
 
 
 # int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
 MAILBOX_SEQ, MAILBOX_DONE, MAILBOX_RING, RING = tl.constexpr(0), tl.constexpr(8), tl.constexpr(16), tl.constexpr(64)
 SPLIT_WARPS, SPLIT_BLOCK_X = 4, 4096  # launch shape of the split (one program; scripts/gpu_split_bench.py)
+# One warp per merge program: its volatile reads of ``done`` are one transaction for all lanes, so
+# the wait-or-recompute decision is the same in every thread (two warps could read ``done`` on
+# either side of the team's store, split the branches and meet the recompute's barrier apart).
+MERGE_WARPS = 1
 WAIT_LIMIT = 1 << 24  # polls of ``done`` (each a round trip to host memory, ~1 us) before a step counts as timed out
 # FENCE: ``v`` after a system-scope fence (PTX ``fence.sc.sys``): the host sees stores before it before stores that use v.
 
@@ -106,22 +115,66 @@ def _split_kernel(  # type: ignore[no-untyped-def]
 
 
 def _wait_merge_kernel(  # type: ignore[no-untyped-def]
-    per_k_ptr, cpu_out_ptr, cpu_pairs_ptr, mailbox_ptr, expected_ptr, timeouts_ptr, H, limit, BLOCK_H: tl.constexpr, FENCE: tl.constexpr,
+    per_k_ptr, cpu_out_ptr, cpu_pairs_ptr, mailbox_ptr, expected_ptr, timeouts_ptr, flag_ptr, stalled_ptr,
+    x_ptr, ids_ptr, w_ptr, w13_ptr, w2_ptr, scratch_ptr, s13, s2, row_offset, top_k, I,
+    H, limit, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
 ):
     p = tl.program_id(0)
     if tl.load(cpu_pairs_ptr + p) != 0:
         want = tl.load(expected_ptr)
         polls = 0
-        while (tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want) & (polls < limit):
+        # behind a step that already timed out: do not wait again, recompute
+        budget = tl.where(tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < tl.load(stalled_ptr, volatile=True), 0, limit)
+        while (tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want) & (polls < budget):
             polls += 1
-        if polls >= limit:
+        if tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want:
             tl.atomic_add(timeouts_ptr, 1)
-        if FENCE:  # the outputs are read after the poll saw them done
-            want = tl.inline_asm_elementwise("fence.sc.sys;\n mov.b64 $0, $1;", "=l,l", [want], dtype=tl.int64, is_pure=False, pack=1)
-        for h0 in range(0, H, BLOCK_H):
-            ho = h0 + tl.arange(0, BLOCK_H)
-            row = tl.load(cpu_out_ptr + p * H + ho, mask=ho < H, volatile=True)
-            tl.store(per_k_ptr + p * H + ho, row, mask=ho < H)
+            tl.atomic_max(stalled_ptr, want)
+            tl.store(flag_ptr, 1)  # host-visible: the worker logs the timeout after the step
+            # The pair from its host row over the link, as the CPU kernel computes it:
+            # h = bf16(x W13^T), a = bf16(bf16(silu(h_gate)) * h_up), y = bf16(fp32(a W2^T) * w).
+            e = tl.load(ids_ptr + p).to(tl.int64)
+            wt = tl.load(w_ptr + p).to(tl.float32)
+            tok = p // top_k
+            base13 = w13_ptr + (row_offset + e) * s13
+            base2 = w2_ptr + (row_offset + e) * s2
+            for i0 in range(0, I, BLOCK_R):
+                r = i0 + tl.arange(0, BLOCK_R)
+                rm = r < I
+                g = tl.zeros([BLOCK_R], dtype=tl.float32)
+                u = tl.zeros([BLOCK_R], dtype=tl.float32)
+                for h0 in range(0, H, BLOCK_C):
+                    c = h0 + tl.arange(0, BLOCK_C)
+                    cm = c < H
+                    xv = tl.load(x_ptr + tok * H + c, mask=cm, other=0.0, volatile=True).to(tl.float32)
+                    m2 = rm[:, None] & cm[None, :]
+                    wg = tl.load(base13 + r[:, None] * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                    wu = tl.load(base13 + (r[:, None] + I) * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                    g += tl.sum(wg * xv[None, :], axis=1)
+                    u += tl.sum(wu * xv[None, :], axis=1)
+                g = g.to(tl.bfloat16).to(tl.float32)
+                u = u.to(tl.bfloat16).to(tl.float32)
+                a = (g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u
+                tl.store(scratch_ptr + p * I + r, a.to(tl.bfloat16).to(tl.float32), mask=rm)
+            tl.debug_barrier()  # the whole activation row is in scratch before the second product reads it
+            for h0 in range(0, H, BLOCK_R):
+                o = h0 + tl.arange(0, BLOCK_R)
+                om = o < H
+                acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+                for i0 in range(0, I, BLOCK_C):
+                    c = i0 + tl.arange(0, BLOCK_C)
+                    cm = c < I
+                    av = tl.load(scratch_ptr + p * I + c, mask=cm, other=0.0)
+                    wv = tl.load(base2 + o[:, None] * I + c[None, :], mask=om[:, None] & cm[None, :], other=0.0).to(tl.float32)
+                    acc += tl.sum(wv * av[None, :], axis=1)
+                tl.store(per_k_ptr + p * H + o, (acc * wt).to(tl.bfloat16), mask=om)
+        else:
+            if FENCE:  # the outputs are read after the poll saw them done
+                want = tl.inline_asm_elementwise("fence.sc.sys;\n mov.b64 $0, $1;", "=l,l", [want], dtype=tl.int64, is_pure=False, pack=1)
+            for h0 in range(0, H, BLOCK_H):
+                ho = h0 + tl.arange(0, BLOCK_H)
+                row = tl.load(cpu_out_ptr + p * H + ho, mask=ho < H, volatile=True)
+                tl.store(per_k_ptr + p * H + ho, row, mask=ho < H)
 
 
 @functools.lru_cache(maxsize=4)
@@ -186,11 +239,45 @@ class Post:
         return Post(z, z, z, z, 0)
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """What a timed-out CPU pair is recomputed from on the device: the step's staged hidden states
+    ``x`` [T, H] bf16, ids [T*K] int32 and routing weights [T*K] fp32 (device views of the staging),
+    the bank ``w13`` [R, 2I, H] / ``w2`` [R, H, I] (host rows read over the link), ``scratch``
+    [T*K, I] fp32 on the device, ``flag`` [1] int32 the host can read without a sync (mapped), and
+    ``stalled`` [1] int64 on the device: the latest step that timed out (shared by a team's layers)."""
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
+    row_offset: int
+    top_k: int
+    scratch: torch.Tensor
+    flag: torch.Tensor
+    stalled: torch.Tensor
+
+    def check(self, n: int, h: int) -> None:
+        i = int(self.w2.shape[2])
+        if (self.x.shape[1] != h or self.x.shape[0] * self.top_k < n or self.ids.numel() < n or self.weights.numel() < n
+                or self.scratch.numel() < n * i or self.w13.shape[1:] != (2 * i, h) or self.w13[0].stride() != (h, 1)
+                or self.w2[0].stride() != (i, 1) or not (self.x.is_contiguous() and self.scratch.is_contiguous())):
+            raise ValueError(f"recompute buffers x {tuple(self.x.shape)} ids {self.ids.numel()} scratch {tuple(self.scratch.shape)} "
+                             f"bank {tuple(self.w13.shape)} / {tuple(self.w2.shape)} do not fit {n} pairs of hidden size {h}")
+
+
 def wait_and_merge(per_k: torch.Tensor, cpu_out: torch.Tensor, cpu_pairs: torch.Tensor, mailbox: torch.Tensor,
-                   expected: torch.Tensor, timeouts: torch.Tensor, limit: int = WAIT_LIMIT) -> None:
-    """In place: the CPU pairs' rows of ``per_k`` [T*K, H] become the team's outputs once it has finished the step."""
+                   expected: torch.Tensor, timeouts: torch.Tensor, recompute: Recompute, limit: int = WAIT_LIMIT) -> None:
+    """In place: the CPU pairs' rows of ``per_k`` [T*K, H] become the team's outputs once it has
+    finished the step, or, past ``limit`` polls, the pair recomputed on the device (``Recompute``)."""
     n, h = per_k.shape
     if cpu_out.shape[1] != h or cpu_out.shape[0] < n or cpu_pairs.numel() != n or not per_k.is_contiguous():
         raise ValueError(f"per-k rows {tuple(per_k.shape)} do not fit CPU outputs {tuple(cpu_out.shape)} / pairs {cpu_pairs.numel()}")
-    jitted("merge", _interpreted())[(n,)](per_k, cpu_out, cpu_pairs, mailbox, expected, timeouts, h, limit,
-                                          BLOCK_H=min(triton.next_power_of_2(h), 4096), FENCE=not _interpreted())
+    recompute.check(n, h)
+    r = recompute
+    jitted("merge", _interpreted())[(n,)](
+        per_k, cpu_out, cpu_pairs, mailbox, expected, timeouts, r.flag, r.stalled,
+        r.x, r.ids, r.weights, r.w13, r.w2, r.scratch, r.w13.stride(0), r.w2.stride(0), r.row_offset, r.top_k, int(r.w2.shape[2]),
+        h, limit, BLOCK_H=min(triton.next_power_of_2(h), 4096), BLOCK_R=32, BLOCK_C=64, FENCE=not _interpreted(),
+        num_warps=MERGE_WARPS)

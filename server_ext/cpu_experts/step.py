@@ -43,7 +43,7 @@ class CpuJob(ctypes.Structure):
         ("w13_row_stride", _i), ("w2_row_stride", _i), ("row_offset", _i), ("expert_bytes", _i),
         ("T", _i), ("K", _i), ("H", _i), ("I", _i), ("E", _i), ("nthreads", _i),
         ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("group_done", _p), ("pair_w", _p),
-        ("xs", _p), ("hs", _p), ("as_", _p),
+        ("xs", _p), ("hs", _p), ("as_", _p), ("sel", _p),
         ("calls", _i), ("steps_with_work", _i), ("experts", _i), ("pairs", _i), ("ns", _i), ("bytes", _i), ("status", _i),
     ]
 
@@ -104,6 +104,7 @@ class CpuStep:
         self.top_k = top_k
         self.threads = threads
         staging = staging or PlainStaging()
+        self.staging = staging
         self.team = team or process_team(threads, staging)
         t, k, h, i = max_tokens, top_k, bank.hidden, bank.inter
         self._ids_h, self.ids = staging.alloc((t, k), torch.int32)
@@ -124,6 +125,7 @@ class CpuStep:
             "xs": torch.zeros(t * h * act, dtype=torch.uint8),
             "hs": torch.zeros(pairs * 2 * i, dtype=torch.float32),
             "as_": torch.zeros(pairs * i * act, dtype=torch.uint8),
+            "sel": torch.zeros(pairs, dtype=torch.int32),  # ids / mask read once (native_experts.c plan_job)
         }
         self._jobs: dict[int, CpuJob] = {}
 

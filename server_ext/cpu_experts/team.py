@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from .cores import CoreClaim
 from .kernel import CpuThreads, native_error, native_library
 
 ENV_SPIN_US = "REAP_CPU_EXPERT_SPIN_US"
@@ -61,15 +62,20 @@ class CpuTeam:
         self.spin_us = spin_us
         self.staging_kind = type(staging).__name__
         self.mailbox_host, self.mailbox = staging.alloc((MAILBOX_WORDS,), torch.int64)
+        # pinned cores are claimed across processes first: another rank's team on them is refused (cores.py)
+        self.claim = CoreClaim(threads.cpus, f"CPU expert team of {threads.n} threads")
         cpus = (ctypes.c_int * max(1, len(threads.cpus)))(*threads.cpus)
         rc = lib.reap_team_start(self.mailbox_host.data_ptr(), cpus, len(threads.cpus), threads.n, spin_us)
         if rc != 0:
+            self.claim.release()
             why = {-1: "bad arguments", -2: "another team is running", -3: "a thread could not start", 1: "already running"}.get(rc, rc)
             raise TeamError(f"cannot start the CPU expert team ({threads.n} threads on cores {list(threads.cpus) or 'any'}): {why}")
         self.running = True
         # the last posted seq, kept on the device: the split posts seq + 1 without reading host memory
         # (a PCIe round trip on the critical path of every layer step); host posts below keep it current
         self.posted_on_device = torch.full((1,), self.posted, dtype=torch.int64, device=self.mailbox.device)
+        # the latest step a merge gave up waiting for (split_triton): merges behind it recompute at once
+        self.stalled_on_device = torch.zeros(1, dtype=torch.int64, device=self.mailbox.device)
 
     def run(self, job_address: int, timeout_s: float = 60.0) -> None:
         """Post one job from the host and wait for it (no device step may be in flight)."""
@@ -107,6 +113,7 @@ class CpuTeam:
         if self.running:
             self.lib.reap_team_stop()
             self.running = False
+            self.claim.release()
 
     def __del__(self) -> None:  # the threads read the mailbox: never free it under them
         self.stop()
