@@ -63,7 +63,7 @@ def test_middleware_appends_to_plain_text_only_and_survives_a_slow_plane() -> No
     mw.plane = Plane()  # type: ignore[assignment]
 
     async def get(query: str = "") -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://127.0.0.1") as c:  # loopback: admitted
             return await c.get("/metrics" + (f"?{query}" if query else ""))
 
     r = asyncio.run(get())

@@ -11,7 +11,10 @@ sets, the view is marked inconsistent: every rank's resident set is re-read,
 ranks that disagree are brought to one set, and resident-state routes answer
 503 until all ranks agree again. Nothing here is unbounded: request records
 and rejection logs are LRU caches, and bytes copied are metered by a token
-bucket (a fresh request id buys nothing).
+bucket (a fresh request id buys nothing). ``/metrics`` reads the workers at
+most once per ``METRICS_MAX_AGE_S``, and every scrape that misses that cache
+waits on the one read in flight (single flight), so a scrape storm costs one
+RPC of each kind.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class ControlPlane:
         self.cfg = cfg
         self._rpc = rpc
         self._metrics_cache: tuple[float, bytes] | None = None
+        self._metrics_read: asyncio.Task[bytes] | None = None
+        """The workers' read in flight for ``/metrics``: every scrape that misses the cache awaits this one."""
         self._lock = asyncio.Lock()
         self.plan: Plan | None = None
         self.resident: ResidentSets = {}
@@ -296,17 +301,40 @@ class ControlPlane:
         return report
 
     async def metrics_text(self, max_age_s: float = METRICS_MAX_AGE_S) -> bytes:
-        """Prometheus text of the residency counters, read from the workers at most every
-        ``max_age_s`` (scrapes share one read; the RPCs run between engine steps, never per step)."""
+        """Prometheus text of the residency counters, read from the workers at most every ``max_age_s``
+        (the RPCs run between engine steps, never per step). Single flight: scrapes that miss the cache
+        all await the one read in flight, shielded, so a waiter's timeout or disconnect cancels only
+        that waiter, and the next scrape joins the read instead of starting another."""
         self._require_plan()
-        now = time.monotonic()
-        if self._metrics_cache is not None and now - self._metrics_cache[0] < max_age_s:
-            return self._metrics_cache[1]
+        cached = self._metrics_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached[1]
+        if self._metrics_read is None:
+            self._metrics_read = asyncio.get_running_loop().create_task(self._read_metrics())
+            self._metrics_read.add_done_callback(self._metrics_read_done)
+        return await asyncio.shield(self._metrics_read)
+
+    async def _read_metrics(self) -> bytes:
         state = (await self._rpc("reap_state"))[0]  # the workers read their caches' state back themselves: no swap lock here
         misses = (await self._rpc("reap_router_misses", ALL_REQUESTS, False))[0]
+        self.worker_info["miss_ledger"] = state.get("miss_ledger", self.worker_info.get("miss_ledger"))
         text = exposition(dict(self.counters.__dict__), state, misses)
         self._metrics_cache = (time.monotonic(), text)
         return text
+
+    def _metrics_read_done(self, task: "asyncio.Task[bytes]") -> None:
+        """The read ended (answered, failed or cancelled): the next scrape past the cache starts a new one."""
+        if self._metrics_read is task:
+            self._metrics_read = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure every waiter has already seen is not logged again as unhandled
+
+    async def read_books(self) -> None:
+        """Rank 0's book sizes (miss-ledger entries and bytes) and report reads, into ``worker`` for
+        ``/reap/status``; cheap, no swap lock (``reap_books``)."""
+        books = (await self._rpc("reap_books"))[0]
+        if isinstance(books, Mapping):
+            self.worker_info.update({k: books[k] for k in ("miss_ledger", "reads") if k in books})
 
     def resident_summary(self) -> dict[str, Any]:
         return {
