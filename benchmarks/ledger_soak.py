@@ -114,6 +114,47 @@ def wait_collected(proxy: str, n: int, last: int, timeout_s: float = 60.0) -> in
     return min(last, n) - len(pending)
 
 
+def start_stack(model: Path, plan: Path, logs: Path, ledger_size: int) -> tuple[ServerProcess, ServerProcess]:
+    """The reap-swap backend (control token ``TOKEN``) and the proxy in front of it, both on loopback."""
+    port = free_port()
+    backend = ServerProcess(
+        reap_swap_argv("serve", "--model", str(model), "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
+                       "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0", "--plan", str(plan),
+                       "--control-token", TOKEN),
+        port, logs / "backend.log", env={**CPU_ENV, "REAP_MISS_LEDGER_SIZE": str(ledger_size)}, name="soak-backend")
+    backend.start(timeout=600)
+    try:
+        return backend, start_proxy(backend.url, plan, logs)
+    except BaseException:
+        backend.stop()
+        raise
+
+
+def start_proxy(backend: str, plan: Path, logs: Path) -> ServerProcess:
+    port = free_port()
+    proxy = ServerProcess(reap_swap_argv("proxy", "--backend", backend, "--plan", str(plan), "--port", str(port), "--control-token", TOKEN),
+                          port, logs / "proxy.log", name="soak-proxy")
+    return proxy.start(timeout=120)
+
+
+def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tokens: int = 1, probe: int = 1088) -> dict[str, Any]:
+    """Send ``n`` proxied requests, let the proxy reset each, drive one more step, and read the ledger."""
+    before = ledger_view(backend, [])
+    t0 = time.perf_counter()
+    sent = asyncio.run(blast(proxy, model, n, concurrency, max_tokens))
+    send_s = time.perf_counter() - t0
+    collected = wait_collected(proxy, n, min(n, 4 * concurrency))
+    # One more step, straight to the backend: vLLM tells the workers the last requests finished on it.
+    httpx.post(backend + "/v1/completions", json={"model": model, "prompt": "tail", "max_tokens": 1},
+               headers={"X-Request-Id": "tail-step"}, timeout=120).raise_for_status()
+    # Probe the newest ids: an old build leaves their zero entries (the oldest were evicted at the ledger's size).
+    backend_ids = sent.pop("backend_ids")
+    after = ledger_view(backend, backend_ids[-min(len(backend_ids), probe):])
+    return {"n": n, "concurrency": concurrency, "max_tokens": max_tokens, "send_s": send_s, "requests_per_s": n / send_s if send_s else None,
+            "responses": sent, "last_requests_collected": collected, "before": before, "after": after,
+            "soak_entries_left": after["probed_ids_with_an_entry"]}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="ledger-soak-"))
     logs = args.log_dir or work / "logs"
@@ -125,45 +166,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         build_tiny_model(model, TinySpec())
     plan = work / "plan.json"
     plan.write_text(json.dumps(tiny_plan()))
-    env = {**CPU_ENV, "REAP_MISS_LEDGER_SIZE": str(args.ledger_size)}
-    port = free_port()
-    backend = ServerProcess(
-        reap_swap_argv("serve", "--model", str(model), "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32",
-                       "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0", "--plan", str(plan),
-                       "--control-token", TOKEN),
-        port, logs / "backend.log", env=env, name="soak-backend")
-    pport = free_port()
-    proxy = ServerProcess(reap_swap_argv("proxy", "--backend", f"http://127.0.0.1:{port}", "--plan", str(plan), "--port", str(pport),
-                                         "--control-token", TOKEN), pport, logs / "proxy.log", name="soak-proxy")
     t_start = time.perf_counter()
+    backend, proxy = start_stack(model, plan, logs, args.ledger_size)
     try:
-        backend.start(timeout=600)
-        proxy.start(timeout=120)
         started_s = time.perf_counter() - t_start
         rss_before = group_rss_mib(backend)
-        before = ledger_view(backend.url, [])
-        t0 = time.perf_counter()
-        sent = asyncio.run(blast(proxy.url, str(model), args.n, args.concurrency, args.max_tokens))
-        send_s = time.perf_counter() - t0
-        collected = wait_collected(proxy.url, args.n, min(args.n, 4 * args.concurrency))
-        # One more step, straight to the backend: vLLM tells the workers the last requests finished on it.
-        httpx.post(backend.url + "/v1/completions", json={"model": str(model), "prompt": "tail", "max_tokens": 1},
-                   headers={"X-Request-Id": "tail-step"}, timeout=120).raise_for_status()
-        # Probe the newest ids: an old build leaves their zero entries (the oldest were evicted at the ledger's size).
-        backend_ids = sent.pop("backend_ids")
-        after = ledger_view(backend.url, backend_ids[-min(len(backend_ids), args.ledger_size + 64):])
+        out = soak(backend.url, proxy.url, str(model), args.n, args.concurrency, args.max_tokens, args.ledger_size + 64)
         rss_after = group_rss_mib(backend)
     finally:
         proxy.stop()
         backend.stop()
-    return {
-        "n": args.n, "concurrency": args.concurrency, "max_tokens": args.max_tokens, "ledger_size": args.ledger_size,
-        "start_s": started_s, "send_s": send_s, "requests_per_s": args.n / send_s if send_s else None,
-        "responses": sent, "last_requests_collected": collected,
-        "before": before, "after": after, "backend_rss_mib": {"before": rss_before, "after": rss_after},
-        "soak_entries_left": after["probed_ids_with_an_entry"],
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    return {**out, "ledger_size": args.ledger_size, "start_s": started_s, "backend_rss_mib": {"before": rss_before, "after": rss_after},
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def build_parser() -> argparse.ArgumentParser:
