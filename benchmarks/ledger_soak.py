@@ -68,16 +68,18 @@ def ledger_view(backend: str, backend_ids: list[str]) -> dict[str, Any]:
     ``/router_misses/{id}`` (no reset) is 200 when an entry is there, 404 when not (works on any version)."""
     h = {"X-Reap-Control-Token": TOKEN}
     status = httpx.get(backend + "/reap/status", headers=h, timeout=60).json()
-    held = 0
+    held, found = 0, []
     with httpx.Client(base_url=backend, headers=h, timeout=60) as c:
         for rid in backend_ids:
             code = c.get(f"/router_misses/{rid}", params={"reset": "false"}).status_code
             if code not in (200, 404):
                 raise RuntimeError(f"/router_misses/{rid} answered {code}")
-            held += code == 200
+            if code == 200:
+                held += 1
+                found.append(rid)
         tail = c.get("/router_misses/tail-step", params={"reset": "false"}).status_code == 200
     return {"miss_ledger": status.get("worker", {}).get("miss_ledger"), "worker_reads": status.get("worker", {}).get("reads"),
-            "probed_ids": len(backend_ids), "probed_ids_with_an_entry": held, "tail_request_entry": tail}
+            "probed_ids": len(backend_ids), "probed_ids_with_an_entry": held, "ids_with_an_entry": found[:50], "tail_request_entry": tail}
 
 
 async def blast(proxy: str, model: str, n: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def start_proxy(backend: str, plan: Path, logs: Path) -> ServerProcess:
     return proxy.start(timeout=120)
 
 
-def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tokens: int = 1, probe: int = 1088) -> dict[str, Any]:
+def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tokens: int = 1) -> dict[str, Any]:
     """Send ``n`` proxied requests, let the proxy reset each, drive one more step, and read the ledger."""
     before = ledger_view(backend, [])
     t0 = time.perf_counter()
@@ -147,9 +149,9 @@ def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tok
     # One more step, straight to the backend: vLLM tells the workers the last requests finished on it.
     httpx.post(backend + "/v1/completions", json={"model": model, "prompt": "tail", "max_tokens": 1},
                headers={"X-Request-Id": "tail-step"}, timeout=120).raise_for_status()
-    # Probe the newest ids: an old build leaves their zero entries (the oldest were evicted at the ledger's size).
+    # Probe every id (an old build leaves zero entries for some; the oldest of those were evicted at the ledger's size).
     backend_ids = sent.pop("backend_ids")
-    after = ledger_view(backend, backend_ids[-min(len(backend_ids), probe):])
+    after = ledger_view(backend, backend_ids)
     return {"n": n, "concurrency": concurrency, "max_tokens": max_tokens, "send_s": send_s, "requests_per_s": n / send_s if send_s else None,
             "responses": sent, "last_requests_collected": collected, "before": before, "after": after,
             "soak_entries_left": after["probed_ids_with_an_entry"]}
@@ -171,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         started_s = time.perf_counter() - t_start
         rss_before = group_rss_mib(backend)
-        out = soak(backend.url, proxy.url, str(model), args.n, args.concurrency, args.max_tokens, args.ledger_size + 64)
+        out = soak(backend.url, proxy.url, str(model), args.n, args.concurrency, args.max_tokens)
         rss_after = group_rss_mib(backend)
     finally:
         proxy.stop()
