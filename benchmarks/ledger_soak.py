@@ -139,7 +139,7 @@ def start_proxy(backend: str, plan: Path, logs: Path) -> ServerProcess:
     return proxy.start(timeout=120)
 
 
-def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tokens: int = 1) -> dict[str, Any]:
+def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tokens: int = 1, probe: int = 0) -> dict[str, Any]:
     """Send ``n`` proxied requests, let the proxy reset each, drive one more step, and read the ledger."""
     before = ledger_view(backend, [])
     t0 = time.perf_counter()
@@ -149,9 +149,10 @@ def soak(backend: str, proxy: str, model: str, n: int, concurrency: int, max_tok
     # One more step, straight to the backend: vLLM tells the workers the last requests finished on it.
     httpx.post(backend + "/v1/completions", json={"model": model, "prompt": "tail", "max_tokens": 1},
                headers={"X-Request-Id": "tail-step"}, timeout=120).raise_for_status()
-    # Probe every id (an old build leaves zero entries for some; the oldest of those were evicted at the ledger's size).
+    # Probe every id, or the newest ``probe`` (an old build leaves zero entries for some; the oldest of those
+    # are evicted at the ledger's size).
     backend_ids = sent.pop("backend_ids")
-    after = ledger_view(backend, backend_ids)
+    after = ledger_view(backend, backend_ids[-probe:] if probe else backend_ids)
     return {"n": n, "concurrency": concurrency, "max_tokens": max_tokens, "send_s": send_s, "requests_per_s": n / send_s if send_s else None,
             "responses": sent, "last_requests_collected": collected, "before": before, "after": after,
             "soak_entries_left": after["probed_ids_with_an_entry"]}
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         started_s = time.perf_counter() - t_start
         rss_before = group_rss_mib(backend)
-        out = soak(backend.url, proxy.url, str(model), args.n, args.concurrency, args.max_tokens)
+        out = soak(backend.url, proxy.url, str(model), args.n, args.concurrency, args.max_tokens, args.probe)
         rss_after = group_rss_mib(backend)
     finally:
         proxy.stop()
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=1)
     p.add_argument("--ledger-size", type=int, default=1024, help="REAP_MISS_LEDGER_SIZE of the backend")
+    p.add_argument("--probe", type=int, default=0, help="probe the newest N request ids for a left entry (default 0: every id)")
     p.add_argument("--model", type=Path, help="model dir (default: a freshly built tiny model)")
     p.add_argument("--log-dir", type=Path)
     p.add_argument("--out", type=Path, default=RESULT, help=f"result JSON (default {RESULT})")
@@ -196,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.n < 1 or args.concurrency < 1 or args.max_tokens < 1 or args.ledger_size < 1:
-        print("reap-swap bench-ledger-soak: error: --n, --concurrency, --max-tokens and --ledger-size must be >= 1", file=sys.stderr)
+    if args.n < 1 or args.concurrency < 1 or args.max_tokens < 1 or args.ledger_size < 1 or args.probe < 0:
+        print("reap-swap bench-ledger-soak: error: --n, --concurrency, --max-tokens and --ledger-size must be >= 1, --probe >= 0", file=sys.stderr)
         return 2
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
