@@ -26,6 +26,8 @@ ENV_VALIDATE_ONLY = "REAP_SWAP_VALIDATE_ONLY"
 ENV_LEDGER = "REAP_MISS_LEDGER_SIZE"
 ENV_MAX_BODY = "REAP_MAX_BODY_BYTES"
 ENV_SWAP_RATE = "REAP_SWAP_BYTES_PER_S"
+ENV_FORENSICS_BYTES = "REAP_FORENSICS_MAX_BYTES"
+DEFAULT_FORENSICS_BYTES = 64 << 20  # swap results as JSON; one is ~44 KB at 48 layers x 128 experts
 DEFAULT_MAX_BODY = 256 << 10  # a full active set of a 94-layer x 128-slot model is ~50 KB
 DEFAULT_SWAP_RATE = 16 << 30  # bytes/s; about a third of an H200's host link
 ENV_ACCOUNTING = "REAP_MISS_ACCOUNTING"
@@ -77,6 +79,8 @@ class ResidencyConfig:
     cache_prior_weight: float = DEFAULT_CACHE_PRIOR
     cache_fused: bool = True
     """CUDA: the step as one Triton program; 0 keeps the torch ops (same results, to compare on a GPU)."""
+    forensics_max_bytes: int = DEFAULT_FORENSICS_BYTES
+    """Bound on the control plane's swap forensics (JSON bytes, oldest requests evicted first)."""
 
     @property
     def enabled(self) -> bool:
@@ -226,6 +230,7 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         cache_hysteresis=_float_env(env, ENV_CACHE_HYSTERESIS, None, 0.0, 1e6, none_ok=True),
         cache_prior_weight=_float_env(env, ENV_CACHE_PRIOR, DEFAULT_CACHE_PRIOR, 0.0, 1e6) or 0.0,
         cache_fused=_bool_env(env, ENV_CACHE_FUSED, True),
+        forensics_max_bytes=_int_env(env, ENV_FORENSICS_BYTES, DEFAULT_FORENSICS_BYTES, 1024) or DEFAULT_FORENSICS_BYTES,
     )
 
 

@@ -58,6 +58,8 @@ class WorkerResidency:
         self.steps_attributed = 0
         self.steps_unattributed = 0
         self.cpu_timeout_steps = 0
+        self.reads: dict[str, int] = {"reap_state": 0, "reap_router_misses": 0}
+        """Report reads this worker served, by RPC: what ``/metrics``' single read is checked against."""
         self.regions = host_regions(self.banks)
         self.memory_at_install = process_memory()  # its peak includes building the banks
 
@@ -195,6 +197,7 @@ class WorkerResidency:
             "device": str(self.device),
             "memory": self.memory(),
             "accounting": self.accounting.enabled,
+            "miss_ledger": self.ledger.stats(),
             "resident": self.resident_sets(),
             "complement": self.complement(),
             "online_cache": self.online_cache(),
@@ -395,6 +398,7 @@ class ReapWorkerExtension:
 
     def reap_state(self) -> dict[str, Any]:
         rt = self._reap()
+        rt.reads["reap_state"] += 1
         rt.flush()
         state = rt.describe()
         state["steps_attributed"] = rt.steps_attributed
@@ -412,12 +416,19 @@ class ReapWorkerExtension:
         return self._reap().swap(target)
 
     def reap_router_misses(self, client_id: str, reset: bool = False) -> dict[str, Any] | None:
+        self._reap().reads["reap_router_misses"] += 1
         self._reap().flush()
         ledger = self._reap().ledger
         report = ledger.report(client_id)
         if report is not None and reset:
             ledger.reset(client_id)
         return report
+
+    def reap_books(self) -> dict[str, Any]:
+        """What this rank's books hold (miss-ledger entries and bytes) and the report reads it served;
+        cheap (no flush, no device read), so ``/reap/status`` reads it on every call."""
+        rt = self._reap()
+        return {"miss_ledger": rt.ledger.stats(), "reads": dict(rt.reads)}
 
     def reap_reset_router_stats(self) -> int:
         rt = self._reap()

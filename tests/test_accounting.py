@@ -139,3 +139,34 @@ def test_request_slots_lru_and_release() -> None:
     assert slots.acquire("d") == (0, None)
     with pytest.raises(ValueError):
         RequestSlots(0)
+
+
+def test_a_reset_request_gets_no_entry_when_vllm_reports_it_finished() -> None:
+    """Issue 31: the report's flush drains a request, ``reset`` drops its entry, and vLLM reports it
+    finished one step later; that drain added nothing, so it must book nothing (it used to book a
+    zero-filled entry, filling the ledger with entries no report reads)."""
+    acct, ledger, _ = _run(STEPS[:2], {}, capacity=8)
+    acct.flush()  # what /router_misses does before reporting
+    assert ledger.report("a") is not None and ledger.reset("a") == 1
+    acct.finish(["a"])  # the next step's finished_req_ids
+    acct.poll()
+    assert ledger.report("a") is None and ledger.stats()["entries"] == 2  # b, c still held; a gone for good
+    acct.flush()  # a later report's flush: live b and c added nothing since the last flush either
+    assert ledger.stats()["entries"] == 2 and ledger.report("a") is None
+    assert ledger.reset(ALL_REQUESTS) == 2
+    acct.finish(["b", "c"])
+    acct.flush()
+    assert ledger.stats() == {**ledger.stats(), "entries": 0, "bytes": 0}
+
+
+def test_a_reset_live_request_that_runs_on_is_booked_again() -> None:
+    """A reset mid-request clears what was booked; steps after it are the request's own and are booked."""
+    acct, ledger, _ = _run(STEPS[:2], {}, capacity=8)
+    acct.flush()
+    ledger.reset("a")
+    arena = acct.arena
+    arena.codes.zero_()  # one more step of a: its capture rows route every pair to expert 0 (resident code 0)
+    acct.record_step(StepLayout(["a"], [1]))
+    acct.finish(["a"])
+    got = ledger.collect("a")
+    assert got is not None and got.tokens == 1 and got.steps == 1

@@ -252,6 +252,40 @@ def test_no_refresh_budget_spent_on_noops(tmp_path: Path) -> None:
     assert _swap(plane, {"layer_0": [0, 1, 2, 3, 4]}, rid="d", phase="decode_refresh")["refreshes_used"] == 1
 
 
+def test_forensics_are_bounded_by_bytes_and_keep_refresh_budgets(tmp_path: Path) -> None:
+    """Issue 31, point 7: swap forensics were bounded by count (4096 ids x 8 results of ~44 KB each at
+    48 layers x 128 experts: ~1.4 GB); now by their JSON bytes, oldest first, and evicting a request's
+    forensics never hands it a fresh refresh budget."""
+    bound = 48 << 10
+    plane = _plane(tmp_path, FakeRanks(1), REAP_FORENSICS_MAX_BYTES=str(bound))
+    assert _swap(plane, {"layer_0": [0, 1, 2, 3, 9]}, rid="d", phase="decode_refresh")["refreshes_used"] == 1
+    sizes = [len(json.dumps(_swap(plane, {"layer_0": [0, 1, 2, 3, 4 + i % 4]}, rid=f"req-{i}"))) for i in range(400)]
+    held = plane.status()["limits"]["records"]
+    assert held["max_bytes"] == bound and 0 < held["bytes"] <= bound
+    assert held["held"] < 400 and held["held"] >= bound // (max(sizes) + 64) - 1, held
+    assert held["bytes"] == sum(len(b) for swaps in plane.records.values() for b in swaps)
+    assert plane.forensics("req-399")["last_swap"]["request_id"] == "req-399"
+    assert plane.forensics("req-0")["last_swap"] is None  # its forensics went first
+    gone = plane.forensics("d")
+    assert gone["last_swap"] is None and gone["refreshes_used"] == 1  # the budget is remembered apart
+    with pytest.raises(HTTPError) as info:
+        _swap(plane, {"layer_0": [0, 1, 2, 3, 10]}, rid="d", phase="decode_refresh")
+    assert info.value.status == 409 and info.value.code == "refresh_budget_exhausted"
+    for _ in range(8):  # one id's repeated swaps: its last 8 results only
+        _swap(plane, {"layer_0": [0, 1, 2, 3, 11]}, rid="again")
+        _swap(plane, {"layer_0": [0, 1, 2, 3, 12]}, rid="again")
+    assert plane.forensics("again")["swaps"] == 8
+
+
+def test_forensics_bound_is_validated(tmp_path: Path) -> None:
+    from reap_swap.server_ext.config import ResidencyConfigError
+
+    for bad in ("0", "-5", "lots", "1023"):
+        with pytest.raises(ResidencyConfigError, match="REAP_FORENSICS_MAX_BYTES"):
+            from_env({"REAP_FORENSICS_MAX_BYTES": bad})
+    assert from_env({}).forensics_max_bytes == 64 << 20
+
+
 def test_bytes_per_second_bucket_binds_whatever_the_request_id(tmp_path: Path) -> None:
     plane = _plane(tmp_path, FakeRanks(1), REAP_SWAP_BYTES_PER_S=str(EXPERT_BYTES))  # burst = one full bank (32 experts)
     codes = []

@@ -16,12 +16,14 @@ def test_every_counter_family_is_rendered_with_its_value() -> None:
         "memory": {"slot_bank_gib": 1.5, "host_bank_gib": 2.0},
         "online_cache": {"enabled": True, "promotions": 7, "evictions": 6, "promotion_link_bytes": 700},
         "complement": {"enabled": True, "spare_gib": 0.25, "counters": {"exchanges": 2, "rotated_blocks": 4, "d2h_bytes": 80}},
+        "miss_ledger": {"entries": 2, "bytes": 3264, "bytes_per_entry": 1632, "max_entries": 1024, "evicted": 0},
     }
     misses = {"summary": {"routed_pairs": 100, "missed_pairs": 20, "promoted_experts": 7, "link_bytes": 2000, "tokens": 5}}
     s = _samples(exposition({"swaps": 3, "bytes_copied": 10, "swap_ms_total": 5.0, "failed": 0}, worker, misses))
     assert s["reap_swap_control_swaps_total"] == 3 and s["reap_swap_control_failed_total"] == 0
     assert s["reap_swap_control_swap_seconds_total"] == 0.005
     assert s["reap_swap_ledger_missed_pairs"] == 20 and s["reap_swap_ledger_link_bytes"] == 2000
+    assert s["reap_swap_ledger_entries"] == 2 and s["reap_swap_ledger_bytes"] == 3264
     assert s["reap_swap_slot_bank_bytes"] == 1.5 * 2**30 and s["reap_swap_host_bank_bytes"] == 2 * 2**30
     assert s["reap_swap_online_cache_enabled"] == 1 and s["reap_swap_online_cache_promotions_total"] == 7
     assert s["reap_swap_ram_complement_rotated_blocks_total"] == 4 and s["reap_swap_ram_complement_spare_bytes"] == 0.25 * 2**30
@@ -63,7 +65,7 @@ def test_middleware_appends_to_plain_text_only_and_survives_a_slow_plane() -> No
     mw.plane = Plane()  # type: ignore[assignment]
 
     async def get(query: str = "") -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mw), base_url="http://127.0.0.1") as c:  # loopback: admitted
             return await c.get("/metrics" + (f"?{query}" if query else ""))
 
     r = asyncio.run(get())

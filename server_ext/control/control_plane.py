@@ -11,17 +11,22 @@ sets, or a rank reports a layer whose bookkeeping is broken (its answers'
 ``problems``: lost spare rows, a routing table not re-published), the view is
 marked inconsistent: every rank's resident set is re-read, broken layers are
 repaired (``reap_repair``), ranks that disagree are brought to one set, and
-resident-state routes answer 503 until all ranks agree and none is broken. Nothing here is unbounded: request records
-and rejection logs are LRU caches, and bytes copied are metered by a token
-bucket (a fresh request id buys nothing).
+resident-state routes answer 503 until all ranks agree and none is broken.
+Nothing here is unbounded: swap forensics are kept as JSON bytes in an LRU
+bounded by their total size (``REAP_FORENSICS_MAX_BYTES``), refresh budgets and
+rejection logs in LRUs bounded by count, and bytes copied are metered by a token
+bucket (a fresh request id buys nothing). ``/metrics`` reads the workers at most
+once per ``METRICS_MAX_AGE_S``, and every scrape that misses that cache waits on
+the one read in flight (single flight), so a scrape storm costs one RPC of each kind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from cachetools import LRUCache
@@ -38,9 +43,10 @@ from .ratelimit import TokenBucket
 
 Rpc = Callable[..., Awaitable[list[Any]]]
 logger = logging.getLogger("reap_swap.server_ext")
-MAX_FORENSICS = 4096
+MAX_FORENSICS = 4096  # request ids whose refresh budget is remembered (an int each)
 MAX_REJECTION_IDS = 1024
 MAX_REJECTIONS_PER_ID = 8
+MAX_SWAPS_PER_RECORD = 8
 
 
 METRICS_MAX_AGE_S = 5.0  # scrapes within this share one read of the workers
@@ -59,10 +65,12 @@ class Counters:
     swap_ms_total: float = 0.0
 
 
-@dataclass
-class RequestRecord:
-    refreshes_used: int = 0
-    swaps: list[dict[str, Any]] = field(default_factory=list)
+Forensics = tuple[bytes, ...]
+"""A request's last swap results, each as its JSON encoding (the bytes the size bound counts)."""
+
+
+def forensics_bytes(swaps: Forensics) -> int:
+    return sum(len(b) for b in swaps)
 
 
 def synthetic_plan(layers: list[int], num_experts: int, slots: Mapping[int, int], expert_bytes: int) -> Plan:
@@ -85,13 +93,17 @@ class ControlPlane:
         self.cfg = cfg
         self._rpc = rpc
         self._metrics_cache: tuple[float, bytes] | None = None
+        self._metrics_read: asyncio.Task[bytes] | None = None
+        """The workers' read in flight for ``/metrics``: every scrape that misses the cache awaits this one."""
         self._lock = asyncio.Lock()
         self.plan: Plan | None = None
         self.resident: ResidentSets = {}
         self.capacity: dict[int, int] = {}
         self.worker_info: dict[str, Any] = {}
         self.counters = Counters()
-        self.records: LRUCache[str, RequestRecord] = LRUCache(MAX_FORENSICS)
+        self.refreshes: LRUCache[str, int] = LRUCache(MAX_FORENSICS)
+        """Decode refreshes used per request id: kept apart from the forensics, so their size bound never resets a budget."""
+        self.records: LRUCache[str, Forensics] = LRUCache(cfg.forensics_max_bytes, getsizeof=forensics_bytes)
         self.rejections: LRUCache[str, list[dict[str, Any]]] = LRUCache(MAX_REJECTION_IDS)
         self.cartridges = CartridgeStore(cfg.max_loaded_cartridges, cfg.cartridge_dir)
         self.bucket: TokenBucket | None = None
@@ -190,11 +202,17 @@ class ControlPlane:
             raise HTTPError(503, f"resident state is being repaired ({self.inconsistent}); retry", "resident_state_inconsistent",
                             headers={"Retry-After": "1"})
 
-    def _record(self, request_id: str) -> RequestRecord:
-        rec = self.records.get(request_id)
-        if rec is None:
-            rec = self.records[request_id] = RequestRecord()
-        return rec
+    def _keep(self, request_id: str, result: dict[str, Any]) -> None:
+        """Append a swap result to the request's forensics (its last ``MAX_SWAPS_PER_RECORD``), as JSON
+        bytes; the oldest records go when their total passes ``forensics_max_bytes``."""
+        blob = json.dumps(result, separators=(",", ":")).encode()
+        swaps = (self.records.get(request_id, ()) + (blob,))[-MAX_SWAPS_PER_RECORD:]
+        try:
+            self.records[request_id] = swaps
+        except ValueError:  # one record larger than the whole bound: keep the newest result only, or nothing
+            self.records.pop(request_id, None)
+            if len(blob) <= self.records.maxsize:
+                self.records[request_id] = (blob,)
 
     def _reject(self, payload: Any, exc: PayloadError) -> HTTPError:
         """Count and log a refused payload; it creates no request record and spends nothing."""
@@ -217,8 +235,7 @@ class ControlPlane:
                 raise self._reject(payload, exc) from None
             noop = signature(self.resident) == signature(req.target)
             refresh = req.phase == "decode_refresh" and not warm and not noop
-            rec = self.records.get(req.request_id)
-            used = rec.refreshes_used if rec else 0
+            used = self.refreshes.get(req.request_id, 0)
             if refresh and used >= plan.max_refreshes_per_request:
                 raise self._reject(payload, PayloadError(
                     f"refresh budget exhausted: request {req.request_id!r} used {used} of "
@@ -233,11 +250,11 @@ class ControlPlane:
                                     f"({self.cfg.swap_bytes_per_s} bytes/s); retry in {wait:.2f}s", "swap_rate_limited",
                                     headers={"Retry-After": str(max(1, int(wait + 0.999)))})
             result = await self._apply(req, plan, t0, noop)
-            rec = self._record(req.request_id)
-            rec.refreshes_used += int(refresh)
-            result["refreshes_used"] = rec.refreshes_used
-            result["refreshes_remaining"] = max(plan.max_refreshes_per_request - rec.refreshes_used, 0)
-            rec.swaps = (rec.swaps + [result])[-8:]
+            used += int(refresh)
+            self.refreshes[req.request_id] = used
+            result["refreshes_used"] = used
+            result["refreshes_remaining"] = max(plan.max_refreshes_per_request - used, 0)
+            self._keep(req.request_id, result)
             return result
 
     async def _apply(self, req: SwapRequest, plan: Plan, t0: float, noop: bool) -> dict[str, Any]:
@@ -313,17 +330,40 @@ class ControlPlane:
         return report
 
     async def metrics_text(self, max_age_s: float = METRICS_MAX_AGE_S) -> bytes:
-        """Prometheus text of the residency counters, read from the workers at most every
-        ``max_age_s`` (scrapes share one read; the RPCs run between engine steps, never per step)."""
+        """Prometheus text of the residency counters, read from the workers at most every ``max_age_s``
+        (the RPCs run between engine steps, never per step). Single flight: scrapes that miss the cache
+        all await the one read in flight, shielded, so a waiter's timeout or disconnect cancels only
+        that waiter, and the next scrape joins the read instead of starting another."""
         self._require_plan()
-        now = time.monotonic()
-        if self._metrics_cache is not None and now - self._metrics_cache[0] < max_age_s:
-            return self._metrics_cache[1]
+        cached = self._metrics_cache
+        if cached is not None and time.monotonic() - cached[0] < max_age_s:
+            return cached[1]
+        if self._metrics_read is None:
+            self._metrics_read = asyncio.get_running_loop().create_task(self._read_metrics())
+            self._metrics_read.add_done_callback(self._metrics_read_done)
+        return await asyncio.shield(self._metrics_read)
+
+    async def _read_metrics(self) -> bytes:
         state = (await self._rpc("reap_state"))[0]  # the workers read their caches' state back themselves: no swap lock here
         misses = (await self._rpc("reap_router_misses", ALL_REQUESTS, False))[0]
+        self.worker_info["miss_ledger"] = state.get("miss_ledger", self.worker_info.get("miss_ledger"))
         text = exposition(dict(self.counters.__dict__), state, misses)
         self._metrics_cache = (time.monotonic(), text)
         return text
+
+    def _metrics_read_done(self, task: "asyncio.Task[bytes]") -> None:
+        """The read ended (answered, failed or cancelled): the next scrape past the cache starts a new one."""
+        if self._metrics_read is task:
+            self._metrics_read = None
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure every waiter has already seen is not logged again as unhandled
+
+    async def read_books(self) -> None:
+        """Rank 0's book sizes (miss-ledger entries and bytes) and report reads, into ``worker`` for
+        ``/reap/status``; cheap, no swap lock (``reap_books``)."""
+        books = (await self._rpc("reap_books"))[0]
+        if isinstance(books, Mapping):
+            self.worker_info.update({k: books[k] for k in ("miss_ledger", "reads") if k in books})
 
     def resident_summary(self) -> dict[str, Any]:
         return {
@@ -337,16 +377,16 @@ class ControlPlane:
 
     def forensics(self, request_id: str) -> dict[str, Any]:
         plan = self._require_plan()
-        rec = self.records.get(request_id)
+        swaps = self.records.get(request_id, ())
         rejected = self.rejections.get(request_id, [])
-        if rec is None and not rejected:
+        if not swaps and not rejected and request_id not in self.refreshes:
             raise HTTPError(404, f"no swap recorded for request {request_id!r}", "unknown_request", "request_id")
         return {
             "request_id": request_id,
-            "last_swap": rec.swaps[-1] if rec and rec.swaps else None,
-            "swaps": len(rec.swaps) if rec else 0,
+            "last_swap": json.loads(swaps[-1]) if swaps else None,
+            "swaps": len(swaps),
             "rejected": rejected,
-            "refreshes_used": rec.refreshes_used if rec else 0,
+            "refreshes_used": self.refreshes.get(request_id, 0),
             "plan": {"sha256": plan.sha256, "source": plan.source, "model": plan.model},
             "resident": self.resident_summary(),
         }
@@ -362,7 +402,8 @@ class ControlPlane:
             "limits": {
                 "swap_bytes_per_s": self.cfg.swap_bytes_per_s,
                 "swap_bytes_available": self.bucket.available if self.bucket else None,
-                "records": {"held": len(self.records), "max": MAX_FORENSICS},
+                "records": {"held": len(self.records), "bytes": int(self.records.currsize), "max_bytes": int(self.records.maxsize)},
+                "refresh_budgets": {"held": len(self.refreshes), "max": MAX_FORENSICS},
                 "rejection_logs": {"held": len(self.rejections), "max": MAX_REJECTION_IDS},
             },
             "validate_only": self.cfg.validate_only,

@@ -13,6 +13,11 @@ Paths (seed-compatible): ``POST /swap_active_set``, ``POST /warm_active_set``,
 token, else vLLM's API key, else loopback callers only); POST bodies must be
 declared ``application/json``. A server bound to a non-loopback host with no
 credential refuses to start.
+
+``GET /metrics`` is vLLM's own route and stays open: its output passes
+through untouched for every caller, and the ``reap_swap_*`` residency
+metrics are appended only for callers the same rule admits (a refused
+caller costs the workers nothing).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import os
 from typing import Any, Awaitable, Callable
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route, Router
@@ -112,8 +118,20 @@ class ReapControlMiddleware:
                 return
         await self.app(scope, receive, send)
 
+    def _admits(self, scope: Scope) -> bool:
+        """Whether the control routes' access rule admits this request (``auth.ControlAuth``)."""
+        try:
+            self.auth.check(Headers(scope=scope))
+        except HTTPError:
+            return False
+        return True
+
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """vLLM's own ``/metrics``, with the residency metrics appended (read at scrape time)."""
+        """vLLM's own ``/metrics``, with the residency metrics appended (read at scrape time) for callers
+        the control routes' access rule admits; anyone else gets vLLM's response untouched."""
+        if not self._admits(scope):
+            await self.app(scope, receive, send)
+            return
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -223,4 +241,5 @@ class ReapControlMiddleware:
 
     async def status(self, request: Request, plane: ControlPlane) -> Any:
         await plane.read_back()
+        await plane.read_books()
         return plane.status()

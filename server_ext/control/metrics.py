@@ -69,6 +69,10 @@ class _Snapshot(Collector):
             ("slot_bank_gib", "slot_bank_bytes", "device bytes of the slot banks", GIB),
             ("host_bank_gib", "host_bank_bytes", "pinned host bytes of the host banks", GIB),
         ))
+        yield from _families(GaugeMetricFamily, "ledger_", w.get("miss_ledger") or {}, (
+            ("entries", "entries", "requests held by the miss ledger (bounded by REAP_MISS_LEDGER_SIZE)", 1.0),
+            ("bytes", "bytes", "bytes of the miss ledger's per-request arrays", 1.0),
+        ))
         oc = w.get("online_cache") or {}
         yield GaugeMetricFamily(f"{PREFIX}_online_cache_enabled", "1 when the online expert cache runs in the forward",
                                 value=1.0 if oc.get("enabled") else 0.0)

@@ -150,6 +150,11 @@ class RoutingAccounting:
 
     def _drain(self, request_id: str, slot: int) -> None:
         tokens, steps = self._tally.pop(request_id, (0, 0))
+        if steps == 0:
+            # Nothing was added to the slot since its last drain (its sums are zero): booking it would
+            # re-create a zero entry for a request a report has just reset, since vLLM reports a request
+            # finished one step after its last one (issue 31). No step, no booking.
+            return
         self.drains += 1
         if not self.cuda:
             sums = self.arena.acc[slot].numpy().copy()

@@ -65,6 +65,11 @@ class RequestMisses:
             np.zeros((layers, experts)),
         )
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays (every entry of a ledger has the same shapes)."""
+        return sum(a.nbytes for a in (self.observed, self.inactive, self.hits, self.miss_hits, self.expert_mass, self.promoted))
+
     def add(self, other: "RequestMisses") -> None:
         self.observed += other.observed
         self.inactive += other.inactive
@@ -86,6 +91,7 @@ class MissLedger:
         self.max_requests = max_requests
         self._requests: OrderedDict[str, RequestMisses] = OrderedDict()
         self._total = RequestMisses.zeros(len(layer_ids), num_experts)
+        self._entry_bytes = self._total.nbytes
         self.evicted = 0
 
     def add(self, request_id: str, misses: RequestMisses) -> None:
@@ -128,6 +134,13 @@ class MissLedger:
                     1,
                 ),
             )
+
+    def stats(self) -> dict[str, int]:
+        """Entries held and the bytes of their arrays (the all-requests total excluded): what the ledger
+        costs this worker, for ``/reap/status`` (``worker.miss_ledger``); O(1), no flush."""
+        n = len(self._requests)
+        return {"entries": n, "bytes": n * self._entry_bytes, "bytes_per_entry": self._entry_bytes,
+                "max_entries": self.max_requests, "evicted": self.evicted}
 
     def engine_ids_for(self, client_id: str) -> list[str]:
         if client_id == ALL_REQUESTS:
