@@ -317,7 +317,13 @@ def format_choices(plan: dict[str, Any]) -> str:
         if "cv_coverage" in r:
             lines.append(f"  {r['rule']:<14} {str(r['counts']):<28} train {r['train_coverage']:.4f}  CV {r['cv_coverage']:.4f}  "
                          f"CV gain vs even {r['cv_gain_vs_even']:+.4f} (se {r['cv_gain_se']:.4f})")
-    lines.append(f"core fraction: {art['core']['fraction']} {art['core']['note']}")
-    for r in art["core"]["candidates"]:
-        lines.append(f"  {r['fraction']:<5} core {str(r['core_per_layer']):<24} CV coverage (core + reference prediction) {r['cv_coverage']:.4f}")
+    core = art["core"]
+    if core["candidates"]:
+        lines.append(f"core fraction: {core['fraction']}, chosen as the {core.get('selection', 'cross-validated best')}")
+        for r in core["candidates"]:
+            lines.append(f"  {r['fraction']:<5} core {str(r['core_per_layer']):<24} CV coverage (core + reference prediction) {r['cv_coverage']:.4f}")
+        if core.get("note"):
+            lines.append(f"  note: {core['note']}")
+    else:
+        lines.append(f"core fraction: {core['fraction']}" + (f" ({core['note']})" if core.get("note") else ""))
     return "\n".join(lines)

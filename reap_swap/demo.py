@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from .planning.budget import make_budget
     from .planning.observations import load_observations
     from .planning.observe import observe
-    from .planning.planner import PlanParams, build_plan, format_choices
+    from .planning.planner import PlanParams, build_plan
     from .planning.report import write_report
     from .planning.splits import split_indices
 
@@ -109,9 +109,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = PlanParams(core_fraction=args.core_fraction, split="test", slice_size=1)
     plan_dict = build_plan(obs, layout, make_budget(layout, ratio=args.budget_ratio), params, str(model), Path(model) / "tokenizer.json")
     plan_path.write_text(json.dumps(plan_dict, indent=1) + "\n")
-    print(format_choices(plan_dict), flush=True)
     plan = load_plan(plan_path)
-    report = write_report(plan_path, obs_dir, work / "report")
+    report = write_report(plan_path, obs_dir, work / "report")  # prints the summary, the CV tables of the plan's choices included
     step("training the prompt -> per-expert mass classifier ...")
     clf_dir = work / "classifier"
     train(obs_dir, plan_path, clf_dir, "test", None, None)
