@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import UnsupportedModelError, layout_for
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
@@ -58,18 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reap-swap serve",
         description="Serve an MoE model with vLLM and expert-granular GPU residency. "
         "Unrecognised arguments are passed to vLLM's OpenAI server.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", required=True, help="model directory (config.json + weights)")
-    p.add_argument("--plan", help="REAP plan JSON (core experts, slices, budget)")
-    p.add_argument("--resident-experts-per-layer", type=int, help="slot-bank size per MoE layer (overrides the plan)")
+    p.add_argument("--plan", help="REAP plan JSON (core experts, slices, budget); give it, --resident-experts-per-layer or both")
+    p.add_argument("--resident-experts-per-layer", type=int, help="slot-bank size per MoE layer (default: the plan's core + specialist target per layer)")
     p.add_argument(
         "--start-resident",
         default="core",
         help="experts resident at start-up: 'core' (plan core), 'none', or a JSON active set",
     )
-    p.add_argument("--start-resident-prefixes", default="", help="seed semantics: comma-separated parameter-name prefixes")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; any other needs a control token)")
-    p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints")
+    p.add_argument("--start-resident-prefixes", default="",
+                   help="start-up residents by the seed's rule: comma-separated parameter-name prefixes "
+                        "(model.layers.3 = all of layer 3; overrides --start-resident; default: none)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback; any other address needs a control token)")
+    p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints (default: $REAP_CONTROL_TOKEN, else none on loopback)")
     p.add_argument("--control-token-file", type=Path,
                    help="read the control token from this file (kept out of the process list); "
                         "with a non-loopback --host and no token, a generated one is written here")
@@ -79,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--complement-spares", type=int, default=None,
                    help=f"spare host rows per MoE layer in --ram-complement mode (default {reap_config.DEFAULT_SPARES}, >= 1)")
     p.add_argument("--online-cache", choices=reap_config.ONLINE_POLICIES, default=None,
-                   help="promote missed experts into slots inside the forward pass (graph-safe, capped per layer per step)")
+                   help="promote missed experts into slots inside the forward pass (graph-safe, capped per layer per step; default: off)")
     p.add_argument("--online-cache-cap", type=int, default=None,
                    help=f"--online-cache: promotions per MoE layer per step (default {reap_config.DEFAULT_CACHE_CAP})")
     p.add_argument("--online-cache-decay", type=float, default=None,
