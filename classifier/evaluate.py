@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import Plan, PlanError, load_plan
 from reap_swap.planning.observations import ObservationError, Observations, load_observations
 from reap_swap.planning.splits import SplitError, held_mask
@@ -86,12 +87,12 @@ def run_evaluation(obs_dir: Path, plan_path: Path, clf_dir: Path, split: str | N
 
 
 def main_evaluate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap evaluate", description="Held-out coverage of the classifier against every baseline.")
-    p.add_argument("--observations", type=Path, required=True)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--classifier", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap evaluate", description="Held-out coverage of the classifier against every baseline.", formatter_class=HelpFormatter)
+    p.add_argument("--observations", type=Path, required=True, help="observation directory (reap-swap observe)")
+    p.add_argument("--plan", type=Path, required=True, help="plan JSON (reap-swap plan)")
+    p.add_argument("--classifier", type=Path, required=True, help="classifier folder (reap-swap train)")
     p.add_argument("--split", help="held-out samples (default: the classifier's training split)")
-    p.add_argument("--latency-prompts", type=int, default=50)
+    p.add_argument("--latency-prompts", type=int, default=50, help="held-out prompts timed for the classification latency")
     p.add_argument("--out", type=Path, help="JSON output (default: CLASSIFIER/evaluation.json)")
     a = p.parse_args(argv)
     try:

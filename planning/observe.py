@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models import hf_moe
 from reap_swap.models.families import MoELayout, layout_for, read_config
 from reap_swap.plan import canonical_sha256
@@ -219,14 +220,14 @@ def _observe_chunk(
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap observe", description="REAP observation over a calibration corpus (HF transformers).")
-    p.add_argument("--model", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap observe", description="REAP observation over a calibration corpus (HF transformers).", formatter_class=HelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="HF model directory (an MoE family reap-swap knows)")
     p.add_argument("--corpus", type=Path, nargs="+", required=True, help="ai-data-extraction JSONL, {text} JSONL or .txt")
     p.add_argument("--out", type=Path, required=True, help="observation directory (created, or extended with new samples)")
-    p.add_argument("--max-samples", type=int)
+    p.add_argument("--max-samples", type=int, help="observe at most this many corpus samples (default: all)")
     p.add_argument("--max-tokens", type=int, default=512, help="token cap per sample")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model runs")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per forward pass")
     p.add_argument("--checkpoint-every", type=int, default=32, help="commit a chunk every N batches (a crash loses at most N)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import MoELayout, layout_for
 from reap_swap.plan import PLAN_MODE, PlanError, check_plan_fits_model, parse_plan
 
@@ -262,12 +263,12 @@ def build_plan(obs: Observations, layout: MoELayout, budget: Budget, params: Pla
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap plan", description="Write a dynamic_core_specialist plan from observations.")
-    p.add_argument("--observations", type=Path, required=True)
-    p.add_argument("--model", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap plan", description="Write a dynamic_core_specialist plan from observations.", formatter_class=HelpFormatter)
+    p.add_argument("--observations", type=Path, required=True, help="observation directory (reap-swap observe)")
+    p.add_argument("--model", type=Path, required=True, help="the observed model's directory (its config sizes the budget)")
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--budget-ratio", type=float, help="resident share of the full model's bytes")
-    g.add_argument("--budget-gib", type=float, help="resident GiB (non-expert weights included)")
+    g.add_argument("--budget-ratio", type=float, help="resident share of the full model's bytes (this or --budget-gib)")
+    g.add_argument("--budget-gib", type=float, help="resident GiB, non-expert weights included (this or --budget-ratio)")
     d = PlanParams()
     p.add_argument("--core-fraction", default="auto", help="share of each layer's slots for core experts (default auto: cross-validated)")
     p.add_argument("--allocation", default=d.allocation, choices=("auto",) + RULES, help="per-layer split (default auto: cross-validated)")
@@ -276,8 +277,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slices-per-request", type=int, default=d.slices_per_request, help="slices one request activates per layer")
     p.add_argument("--slice-size", type=int, help="experts per slice (default: specialist slots / slices per request)")
     p.add_argument("--rank-by", choices=["mass", "reap", "freq"], default=d.rank_by, help="signal that picks the core")
-    p.add_argument("--max-refreshes-per-request", type=int, default=d.max_refreshes_per_request)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--max-refreshes-per-request", type=int, default=d.max_refreshes_per_request,
+                   help="decode_refresh swaps one request may make (the plan's budget.max_refreshes_per_request)")
+    p.add_argument("--out", type=Path, required=True, help="plan JSON to write")
     a = p.parse_args(argv)
     try:
         fraction = None if a.core_fraction == "auto" else float(a.core_fraction)
@@ -317,7 +319,13 @@ def format_choices(plan: dict[str, Any]) -> str:
         if "cv_coverage" in r:
             lines.append(f"  {r['rule']:<14} {str(r['counts']):<28} train {r['train_coverage']:.4f}  CV {r['cv_coverage']:.4f}  "
                          f"CV gain vs even {r['cv_gain_vs_even']:+.4f} (se {r['cv_gain_se']:.4f})")
-    lines.append(f"core fraction: {art['core']['fraction']} {art['core']['note']}")
-    for r in art["core"]["candidates"]:
-        lines.append(f"  {r['fraction']:<5} core {str(r['core_per_layer']):<24} CV coverage (core + reference prediction) {r['cv_coverage']:.4f}")
+    core = art["core"]
+    if core["candidates"]:
+        lines.append(f"core fraction: {core['fraction']}, chosen as the {core.get('selection', 'cross-validated best')}")
+        for r in core["candidates"]:
+            lines.append(f"  {r['fraction']:<5} core {str(r['core_per_layer']):<24} CV coverage (core + reference prediction) {r['cv_coverage']:.4f}")
+        if core.get("note"):
+            lines.append(f"  note: {core['note']}")
+    else:
+        lines.append(f"core fraction: {core['fraction']}" + (f" ({core['note']})" if core.get("note") else ""))
     return "\n".join(lines)

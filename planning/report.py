@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import Plan, PlanError, load_plan
 
 from . import coverage as cov
@@ -172,10 +173,10 @@ def write_report(plan_path: Path, obs_dir: Path | None, out: Path) -> dict[str, 
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap plan-report", description="Figures and a summary of a plan.")
-    p.add_argument("plan", type=Path)
+    p = argparse.ArgumentParser(prog="reap-swap plan-report", description="Figures and a summary of a plan.", formatter_class=HelpFormatter)
+    p.add_argument("plan", type=Path, help="plan JSON (reap-swap plan, or the seed's)")
     p.add_argument("--observations", type=Path, help="observation directory (for concentration and coverage)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="folder for the figures, summary.txt and summary.json")
     a = p.parse_args(argv)
     try:
         summary = write_report(a.plan, a.observations, a.out)

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from reap_swap.cli import RawDescriptionHelpFormatter
+
 from .cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, PriorDecayedCounters, PromptPrior, belady_hits, top_by_mass
 from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, load
 
@@ -174,10 +176,10 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap simulate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="reap-swap simulate", description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--trace", type=Path, required=True, help="routing trace (.npz) from reap-swap record-traces")
     p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
     p.add_argument("--cap", type=int, default=DEFAULT_CAP, help="lfru_cap: promotions per layer per step (>= 1)")
     p.add_argument("--hysteresis", type=float, default=None,
                    help="lfru_cap: promote only while candidate score > victim score + this (default: always, as LFRU)")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import layout_for, read_config
 from reap_swap.models.hf_moe import moe_block, route
 
@@ -256,18 +257,18 @@ def fit_size(trace: RoutingTrace, out: Path, max_mb: float) -> RoutingTrace:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap record-traces", description=__doc__)
+    p = argparse.ArgumentParser(prog="reap-swap record-traces", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", type=Path, required=True, help="HF model directory (an MoE family reap-swap knows)")
     p.add_argument("--corpus", type=Path, nargs="+", required=True, help="ai-data-extraction JSONL files")
     p.add_argument("--out", type=Path, required=True, help="trace file to write (.npz)")
     p.add_argument("--max-requests", type=int, help="first N samples only")
     p.add_argument("--per-file", type=int, nargs="+",
                    help="N samples of each corpus file (or one N per file), domains (first tag) and chat shapes (style: tag) taken in turn, files in turn")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per request")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; e.g. 0.8 to avoid greedy loops")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-prompt-tokens", type=int, default=512)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="longer prompts keep their last this many tokens")
+    p.add_argument("--device", default="cpu", help="torch device the model runs on (cpu, cuda, cuda:1, ...)")
     p.add_argument("--dense-moe", action="store_true", help="run every expert as two GEMMs (same outputs; fast on a GPU, Qwen3-MoE only)")
     p.add_argument("--max-mb", type=float, default=0.0,
                    help="keep the file under this many MB: drop requests from the end (the order is round-robin, so the mix stays) and say so in meta.subset")

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
@@ -111,17 +112,17 @@ def concurrency(proxy: str, model: str, prompts: list[tuple[str, str]], clients:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap bench-proxy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--plan", type=Path, required=True)
-    p.add_argument("--classifier", type=Path, required=True)
+    p = argparse.ArgumentParser(prog="reap-swap bench-proxy", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="model directory to serve")
+    p.add_argument("--plan", type=Path, required=True, help="plan JSON (reap-swap plan)")
+    p.add_argument("--classifier", type=Path, required=True, help="classifier folder (reap-swap train)")
     p.add_argument("--corpus", type=Path, required=True, help="ai-data-extraction JSONL to draw mixed-domain prompts from")
-    p.add_argument("--out", type=Path, default=Path("out/bench-proxy.json"))
+    p.add_argument("--out", type=Path, default=Path("out/bench-proxy.json"), help="result JSON")
     p.add_argument("--rounds", type=int, default=200, help="direct/proxy request pairs for the overhead")
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--per-client", type=int, default=6)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--vllm-args", default="--max-model-len 2048")
+    p.add_argument("--clients", type=int, default=8, help="concurrent streaming clients in the policy comparison")
+    p.add_argument("--per-client", type=int, default=6, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens generated per request")
+    p.add_argument("--vllm-args", default="--max-model-len 2048", help="extra vLLM server arguments")
     a = p.parse_args(argv)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     prompts = _prompts(a.corpus, 120)

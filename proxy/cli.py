@@ -7,22 +7,23 @@ import os
 import sys
 from pathlib import Path
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.plan import PlanError, load_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reap-swap proxy", description="OpenAI-compatible proxy: classify -> swap -> forward -> misses.")
+    p = argparse.ArgumentParser(prog="reap-swap proxy", description="OpenAI-compatible proxy: classify -> swap -> forward -> misses.", formatter_class=HelpFormatter)
     p.add_argument("--backend", required=True, help="URL of the reap-swap serve backend, e.g. http://127.0.0.1:8000")
-    p.add_argument("--plan", type=Path, required=True)
+    p.add_argument("--plan", type=Path, required=True, help="the backend's plan JSON (the proxy checks the backend serves it)")
     p.add_argument("--classifier", type=Path, help="trained classifier dir (reap-swap train); without it, static slices")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--control-token", default=os.environ.get("REAP_CONTROL_TOKEN"), help="token for the backend's control endpoints")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8100, help="port to bind")
+    p.add_argument("--control-token", default=os.environ.get("REAP_CONTROL_TOKEN"), help="token for the backend's control endpoints (default: $REAP_CONTROL_TOKEN)")
     p.add_argument("--backend-api-key", default=os.environ.get("REAP_BACKEND_API_KEY"),
-                   help="the backend's --api-key, for control calls when it has no control token (clients send their own)")
+                   help="the backend's --api-key, for control calls when it has no control token; clients send their own (default: $REAP_BACKEND_API_KEY)")
     p.add_argument("--control-token-file", type=Path, help="read that token from this file (e.g. the one reap-swap serve generated)")
-    p.add_argument("--proxy-key", default=os.environ.get("REAP_PROXY_KEY"), help="require this key in X-Reap-Proxy-Key")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20)
+    p.add_argument("--proxy-key", default=os.environ.get("REAP_PROXY_KEY"), help="require this key in X-Reap-Proxy-Key (default: $REAP_PROXY_KEY, else no key)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body accepted, in bytes; a larger one is refused with 413 (default: %(default)s = 8 MiB)")
     p.add_argument("--backend-timeout", type=float, default=600.0, help="seconds to wait for the backend")
     p.add_argument("--swap-wait", type=float, default=2.0, help="seconds a request waits for its residency install")
     p.add_argument("--hysteresis", type=float, default=0.05, help="keep the resident set if it captures >= 1-h of the target's score")
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--classify-threads", type=int, default=0, help="torch threads for embedding (0: half the cores)")
     p.add_argument("--classify-budget", type=float, default=0.5, help="seconds a prompt may spend in the classifier before the prior is used")
     p.add_argument("--max-streams", type=int, default=256, help="connections to the backend for completions (control calls have their own)")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
     return p
 
 

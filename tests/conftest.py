@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SEED_PLAN = REPO.parent / "shared" / "fixtures" / "strict30-v2-plan.json"
+# The seed's real Qwen3.5-35B-A3B plan, vendored with its licence notice (tests/fixtures/seed/NOTICE.md).
+SEED_PLAN = REPO / "tests" / "fixtures" / "seed" / "strict30-v2-plan.json"
 
 
 @pytest.fixture(scope="session")
 def seed_plan_path() -> Path:
-    if not SEED_PLAN.is_file():
-        pytest.skip(f"seed plan fixture not found at {SEED_PLAN}")
+    assert SEED_PLAN.is_file(), f"the vendored seed plan is missing: {SEED_PLAN}"
     return SEED_PLAN
 
 

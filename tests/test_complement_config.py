@@ -31,9 +31,9 @@ def test_serve_flags_become_env(tiny_model_dir: Path) -> None:
     assert "REAP_RAM_COMPLEMENT" not in _env(tiny_model_dir)
     env = _env(tiny_model_dir, "--ram-complement", "--complement-spares", "3")
     assert env["REAP_RAM_COMPLEMENT"] == "1" and env["REAP_COMPLEMENT_SPARES"] == "3"
-    with pytest.raises(SystemExit, match="needs --ram-complement"):
+    with pytest.raises(ValueError, match="needs --ram-complement"):
         _env(tiny_model_dir, "--complement-spares", "3")
-    with pytest.raises(SystemExit, match=">= 1"):
+    with pytest.raises(ValueError, match=">= 1"):
         _env(tiny_model_dir, "--ram-complement", "--complement-spares", "0")
 
 

@@ -41,19 +41,24 @@ def _env(model: Path, *flags: str) -> dict[str, str]:
     return plan_env(args)
 
 
-def test_serve_flags_become_env(tiny_model_dir: Path) -> None:
+def test_serve_flags_become_env(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)  # the H200 host's cores, whatever this machine has
     assert cp.ENV_CPU_EXPERTS not in _env(tiny_model_dir)
     env = _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "2-5", "--cpu-experts-link-gbps", "50", "--cpu-experts-max-tokens", "4")
     assert env[cp.ENV_CPU_EXPERTS] == "1" and env["REAP_CPU_EXPERT_CPUS"] == "2-5"
     assert env[cp.ENV_LINK_GBPS] == "50.0" and env[cp.ENV_MAX_TOKENS] == "4"
-    with pytest.raises(SystemExit, match="need --cpu-experts"):
+    with pytest.raises(ValueError, match="need --cpu-experts"):
         _env(tiny_model_dir, "--cpu-experts-cpus", "2-5")
-    with pytest.raises(SystemExit, match="cannot run with --ram-complement"):
+    with pytest.raises(ValueError, match="cannot run with --ram-complement"):
         _env(tiny_model_dir, "--cpu-experts", "--ram-complement")
-    with pytest.raises(SystemExit, match="not a core list"):
+    with pytest.raises(ValueError, match="not a core list"):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "two")
-    with pytest.raises(SystemExit, match=cp.ENV_MAX_TOKENS):
+    with pytest.raises(ValueError, match=cp.ENV_MAX_TOKENS):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-tokens", "0")
+    with pytest.raises(ValueError, match="no core 16"):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "2-16")
+    with pytest.raises(ValueError, match="at most 64 tokens"):  # top-4 routing: 65 x 4 pairs > the split's 256
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-tokens", "65")
 
 
 def _layer(e: int = 16, h: int = 64, i: int = 32, slots: int = 4, seed: int = 0) -> tuple[BankRows, int]:

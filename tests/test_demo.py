@@ -32,6 +32,7 @@ def test_demo_quick(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "token-weighted mean" in r.stdout and "top-k" in r.stdout and "best non-predictive baseline" in r.stdout
+    assert r.stdout.count("per-layer split:") == 1 and r.stdout.count("core fraction:") == 1  # the plan's CV tables, once
     result = json.loads((work / "demo.json").read_text())
     domains = {json.loads(line)["tags"][0] for line in realistic_corpus_files()[1].read_text().splitlines()}
     assert len(result["requests"]) == len(domains)  # one per domain

@@ -50,14 +50,14 @@ def test_serve_flags(tiny_model_dir: Path) -> None:
     assert not any(k.startswith("REAP_ONLINE_CACHE") for k in _env(tiny_model_dir))
     env = _env(tiny_model_dir, "--online-cache", "lfru", "--online-cache-cap", "2", "--online-cache-hysteresis", "1")
     assert env["REAP_ONLINE_CACHE"] == "lfru" and env["REAP_ONLINE_CACHE_CAP"] == "2" and env["REAP_ONLINE_CACHE_HYSTERESIS"] == "1.0"
-    with pytest.raises(SystemExit, match="need --online-cache"):
+    with pytest.raises(ValueError, match="need --online-cache"):
         _env(tiny_model_dir, "--online-cache-cap", "2")
     both = _env(tiny_model_dir, "--online-cache", "lfru", "--ram-complement")  # composes: default spares >= default cap
     assert both["REAP_ONLINE_CACHE"] == "lfru" and both["REAP_RAM_COMPLEMENT"] == "1"
     assert reap_config.from_env({"REAP_ONLINE_CACHE": "lfru", "REAP_RAM_COMPLEMENT": "1"}).ram_complement
-    with pytest.raises(SystemExit, match="too few"):
+    with pytest.raises(ValueError, match="too few"):
         _env(tiny_model_dir, "--online-cache", "lfru", "--online-cache-cap", "6", "--ram-complement")
-    with pytest.raises(SystemExit, match="DECAY"):
+    with pytest.raises(ValueError, match="DECAY"):
         _env(tiny_model_dir, "--online-cache", "lfru", "--online-cache-decay", "1.5")
 
 

@@ -20,7 +20,7 @@ from reap_swap.planning.budget import make_budget
 from reap_swap.planning.core_size import choose_core
 from reap_swap.planning.expert_select import select_experts, slice_scores, slices_touched, top_experts
 from reap_swap.planning.observations import load_observations
-from reap_swap.planning.planner import PlanParams, build_plan
+from reap_swap.planning.planner import PlanParams, build_plan, format_choices
 from reap_swap.planning.splits import SplitError, held_mask, split_indices
 from tests.conftest import tiny_plan_dict
 
@@ -145,3 +145,18 @@ def test_plan_report_compares_against_baselines_on_held_out(planned: dict, examp
     bad = subprocess.run([sys.executable, "-m", "reap_swap.cli", "plan", "--observations", str(example_obs_dir), "--model", str(tiny_model_dir),
                           "--budget-ratio", "0.6", "--split", "weird:x", "--out", str(tmp_path / "p.json")], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown kind 'weird'" in bad.stderr
+
+
+def test_choice_tables_say_how_the_core_fraction_was_chosen() -> None:
+    """One line per choice, the rule after the number (it once ran into the note: 'core fraction: 0.0 fraction 1.0 is ...')."""
+    art = {"training": {"samples": 100, "split": "test", "held_out": 20},
+           "allocation": {"rule": "even", "counts": [3, 3], "folds": 5, "candidates": []},
+           "core": {"fraction": 0.0, "note": "fraction 1.0 is the static top-k set (no prediction)",
+                    "selection": "largest core fraction within one standard error of the best",
+                    "candidates": [{"fraction": f, "core_per_layer": [0, 0], "cv_coverage": 0.7} for f in (0.0, 1.0)]}}
+    lines = format_choices({"scorerArtifacts": art}).splitlines()
+    assert "core fraction: 0.0, chosen as the largest core fraction within one standard error of the best" in lines
+    assert "  note: fraction 1.0 is the static top-k set (no prediction)" in lines
+    art["core"] = {"fraction": 0.5, "candidates": [], "note": "no tokenizer.json next to the model: core fraction fixed at 0.5"}
+    assert format_choices({"scorerArtifacts": art}).splitlines()[-1] == (
+        "core fraction: 0.5 (no tokenizer.json next to the model: core fraction fixed at 0.5)")

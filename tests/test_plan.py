@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from reap_swap.plan import PlanError, canonical_sha256, check_plan_fits_model, load_plan, parse_plan
-from tests.conftest import tiny_plan_dict
+from tests.conftest import SEED_PLAN, tiny_plan_dict
+
+
+def test_vendored_seed_files_are_the_ones_their_notice_names() -> None:
+    notice = (SEED_PLAN.parent / "NOTICE.md").read_text()
+    assert "Apache License, Version 2.0" in notice and "Copyright 2026 reap-expert-swap contributors" in notice
+    for name in ("strict30-v2-plan.json", "reap_plan.schema.md"):
+        assert hashlib.sha256((SEED_PLAN.parent / name).read_bytes()).hexdigest() in notice, name
 
 
 def test_seed_plan_loads(seed_plan_path: Path) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from reap_swap.benchmarks.learned import sets as ls
+from reap_swap.cli import RawDescriptionHelpFormatter
 
 GIB = 1 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -337,20 +338,20 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="reap-swap learned-sets", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="reap-swap learned-sets", description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--obs", type=Path, required=True, help="observation directory (reap-swap observe)")
     p.add_argument("--trace", type=Path, nargs="+", required=True, help="routing trace(s) to score on (reap-swap record-traces)")
     p.add_argument("--model", type=Path, required=True, help="model directory (config.json; tokenizer and weights if present)")
     p.add_argument("--tokenizer", type=Path, help="directory with the model's tokenizer.json when --model has none")
     p.add_argument("--corpus", type=Path, nargs="+", help="corpus files holding the traces' prompts (default: those the trace names)")
-    p.add_argument("--slots-fraction", type=float, default=0.3)
+    p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts in every set (its slots)")
     p.add_argument("--split", default="test", help="samples held out of static_topk, plan and train (as plan/train --split)")
     p.add_argument("--features", default="auto", help="auto, or comma-separated classifier feature sets to search")
     p.add_argument("--hysteresis", type=float, default=0.05, help="the proxy's --hysteresis")
     p.add_argument("--batch", type=int, default=8, help="requests in flight together for the *_bs8 arms")
     p.add_argument("--workdir", type=Path, required=True, help="plan, classifiers and step stamps (reused when inputs match)")
     p.add_argument("--force", action="store_true", help="re-run plan and train even when the workdir has them")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="the sets JSON to write (bench-gpu --sets)")
     a = p.parse_args(argv)
     if a.batch < 1 or not 0 <= a.hysteresis < 1:
         p.error("--batch must be >= 1 and --hysteresis in [0, 1)")
