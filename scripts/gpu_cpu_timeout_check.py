@@ -23,26 +23,14 @@ import torch
 from reap_swap.server_ext.bank.cuda_vmm import VmmBacking
 from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath
 from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
-from reap_swap.server_ext.cpu_experts.kernel import CpuThreads, silu_and_mul_bf16
+from reap_swap.server_ext.cpu_experts.kernel import CpuThreads
 from reap_swap.server_ext.cpu_experts.split import CostModel
 from reap_swap.server_ext.cpu_experts.step import BankRows
 
+from gpu_cpu_path_check import close as rel_err, reference  # the same all-GPU reference and error (scripts/ is on the path)
+
 E, H, I, S, K = 32, 2048, 768, 8, 8
 SENTINEL = 3.0
-
-
-def reference(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, bank: BankRows) -> torch.Tensor:
-    t, k = ids.shape
-    rows = (bank.row_offset + ids.reshape(-1)).long()
-    xs = x.repeat_interleave(k, 0).float()
-    h = torch.einsum("ph,pnh->pn", xs, bank.w13[rows].float()).to(torch.bfloat16)
-    a = silu_and_mul_bf16(h)
-    y = torch.einsum("pi,phi->ph", a.float(), bank.w2[rows].float()) * w.reshape(-1, 1).float()
-    return y.to(torch.bfloat16).view(t, k, -1)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6))
 
 
 def main(out_path: str) -> int:
