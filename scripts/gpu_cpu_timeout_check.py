@@ -27,7 +27,7 @@ from reap_swap.server_ext.cpu_experts.kernel import CpuThreads
 from reap_swap.server_ext.cpu_experts.split import CostModel
 from reap_swap.server_ext.cpu_experts.step import BankRows
 
-from gpu_cpu_path_check import close as rel_err, reference  # the same all-GPU reference and error (scripts/ is on the path)
+from gpu_cpu_path_check import close as rel_err, reference, vmm_bank  # the same all-GPU reference and error (scripts/ is on the path)
 
 E, H, I, S, K = 32, 2048, 768, 8, 8
 SENTINEL = 3.0
@@ -35,16 +35,7 @@ SENTINEL = 3.0
 
 def main(out_path: str) -> int:
     dev = torch.device("cuda", 0)
-    backing = VmmBacking(dev)
-    backing.grant_host_access()
-    layout = backing.layout(S, E, [2 * I * H * 2, H * I * 2], pad=True)
-    off = layout.host_row_offset
-    w13 = backing.allocate(layout, layout.row_strides[0], (2 * I, H), torch.bfloat16)
-    w2 = backing.allocate(layout, layout.row_strides[1], (H, I), torch.bfloat16)
-    g = torch.Generator().manual_seed(0)
-    for t, fan in ((w13, H), (w2, I)):
-        t.copy_((torch.randn(t.shape, generator=g) / fan**0.5).to(torch.bfloat16).to(dev))
-    torch.cuda.synchronize()
+    backing, w13, w2, off = vmm_bank(dev)
     bank = BankRows(w13, w2, off, E)
     settings = CpuPathSettings(enabled=True, max_tokens=8)
     path = LayerCpuPath(bank, K, S if off > S else 0, settings, CostModel(link_GBps=1e-3, cpu_GBps=1e3, max_tokens=8),
