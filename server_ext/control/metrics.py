@@ -34,6 +34,13 @@ def _families(family: type, prefix: str, src: Mapping[str, Any], rows: Iterable[
             yield family(f"{PREFIX}_{prefix}{name}", help_, value=v * scale)
 
 
+def _feature(prefix: str, help_: str, src: Mapping[str, Any], counters: Iterable[Row]) -> Iterable[Any]:
+    """An optional mechanism: its ``<prefix>enabled`` gauge always, its counters only while it runs."""
+    yield GaugeMetricFamily(f"{PREFIX}_{prefix}enabled", help_, value=1.0 if src.get("enabled") else 0.0)
+    if src.get("enabled"):
+        yield from _families(CounterMetricFamily, prefix, src, counters)
+
+
 class _Snapshot(Collector):
     """One scrape's values, as metric families (a collector over fixed dicts)."""
 
@@ -73,27 +80,19 @@ class _Snapshot(Collector):
             ("entries", "entries", "requests held by the miss ledger (bounded by REAP_MISS_LEDGER_SIZE)", 1.0),
             ("bytes", "bytes", "bytes of the miss ledger's per-request arrays", 1.0),
         ))
-        oc = w.get("online_cache") or {}
-        yield GaugeMetricFamily(f"{PREFIX}_online_cache_enabled", "1 when the online expert cache runs in the forward",
-                                value=1.0 if oc.get("enabled") else 0.0)
-        if oc.get("enabled"):
-            yield from _families(CounterMetricFamily, "online_cache_", oc, (
-                ("promotions", "promotions", "experts promoted into slots inside the forward", 1.0),
-                ("evictions", "evictions", "experts evicted from slots by promotions", 1.0),
-                ("promotion_link_bytes", "promotion_link_bytes", "bytes the promotions copied over the host link", 1.0),
-            ))
-        cpu = w.get("cpu_path") or {}
-        yield GaugeMetricFamily(f"{PREFIX}_cpu_path_enabled", "1 when the CPU expert path computes part of the misses",
-                                value=1.0 if cpu.get("enabled") else 0.0)
-        if cpu.get("enabled"):
-            yield from _families(CounterMetricFamily, "cpu_path_", cpu, (
-                ("wait_timeouts", "wait_timeouts", "CPU pairs whose merge gave up waiting for the CPU team (~17 s of polls); "
-                 "recomputed on the GPU from the host rows, logged as errors", 1.0),
-                ("cpu_pairs", "cpu_pairs", "routed pairs the split gave the CPU", 1.0),
-                ("cpu_experts", "cpu_experts", "missed experts the split gave the CPU, per layer step", 1.0),
-                ("missed_pairs", "missed_pairs", "routed pairs whose expert was not resident, at the split", 1.0),
-                ("missed_experts", "missed_experts", "missed experts per layer step, at the split", 1.0),
-            ))
+        yield from _feature("online_cache_", "1 when the online expert cache runs in the forward", w.get("online_cache") or {}, (
+            ("promotions", "promotions", "experts promoted into slots inside the forward", 1.0),
+            ("evictions", "evictions", "experts evicted from slots by promotions", 1.0),
+            ("promotion_link_bytes", "promotion_link_bytes", "bytes the promotions copied over the host link", 1.0),
+        ))
+        yield from _feature("cpu_path_", "1 when the CPU expert path computes part of the misses", w.get("cpu_path") or {}, (
+            ("wait_timeouts", "wait_timeouts", "CPU pairs whose merge gave up waiting for the CPU team (~17 s of polls); "
+             "recomputed on the GPU from the host rows, logged as errors", 1.0),
+            ("cpu_pairs", "cpu_pairs", "routed pairs the split gave the CPU", 1.0),
+            ("cpu_experts", "cpu_experts", "missed experts the split gave the CPU, per layer step", 1.0),
+            ("missed_pairs", "missed_pairs", "routed pairs whose expert was not resident, at the split", 1.0),
+            ("missed_experts", "missed_experts", "missed experts per layer step, at the split", 1.0),
+        ))
         comp = w.get("complement") or {}
         yield GaugeMetricFamily(f"{PREFIX}_ram_complement_enabled", "1 in RAM-complement mode", value=1.0 if comp.get("enabled") else 0.0)
         if comp.get("enabled"):
