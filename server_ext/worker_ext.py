@@ -16,11 +16,13 @@ import logging
 import time
 from typing import Any
 
+import torch
+
 from . import config as reap_config
 from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
-from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, summarize as cpu_path_summary
+from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, LayerCpuPath, summarize as cpu_path_summary
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -42,11 +44,12 @@ class WorkerResidency:
         self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size, first.expert_bytes)
         self.device = first.phys_map.device
         self.caches: dict[int, LayerCache] = {m.reap_layer_id: m.reap_cache for m in self.layers if m.reap_cache is not None}
+        self.cpu_paths: dict[int, LayerCpuPath] = {m.reap_layer_id: m.reap_cpu_path for m in self.layers if m.reap_cpu_path is not None}
         self.cfg = reap_config.from_env()
         self.arena = self.layers[0].reap_arena
         # The step's real row count (the rest of a captured graph's rows is padding): for the online
         # cache's scores and the CPU expert path's split.
-        uses_valid = bool(self.caches) or any(m.reap_cpu_path is not None for m in self.layers)
+        uses_valid = bool(self.caches) or bool(self.cpu_paths)
         self._valid = _ValidRows(self.arena.valid_rows) if uses_valid else None
         if self.caches:  # vLLM's warm-up and graph-capture runs promoted on dummy routing: back to the start-up set
             self.reset_caches({i: self.cfg.start_resident(i, self.num_experts, b.num_slots) for i, b in self.banks.items()}, counters=True)
@@ -207,16 +210,15 @@ class WorkerResidency:
     def cpu_path(self) -> dict[str, Any]:
         """The CPU expert path's device counters summed over layers (a read-back: reports only);
         ``wait_timeouts``: CPU pairs the merge gave up waiting for and recomputed on the device."""
-        paths = [m.reap_cpu_path for m in self.layers if m.reap_cpu_path is not None]
-        if not paths:
+        if not self.cpu_paths:
             return {"enabled": False}
-        totals = [sum(v) for v in zip(*(p.counters.tolist() for p in paths))]
-        return {"enabled": True, "layers": len(paths), **dict(zip(CPU_PATH_COUNTERS, totals))}
+        totals = torch.stack([p.counters for p in self.cpu_paths.values()]).sum(0).tolist()  # one read-back, not one per layer
+        return {"enabled": True, "layers": len(self.cpu_paths), **dict(zip(CPU_PATH_COUNTERS, totals))}
 
     def check_cpu_timeouts(self) -> list[int]:
         """Layers whose merge gave up waiting for the CPU team since the last check (mapped flags, no
         sync); logged as errors: those pairs were recomputed on the device, never merged stale."""
-        layers = [m.reap_layer_id for m in self.layers if m.reap_cpu_path is not None and m.reap_cpu_path.take_timeout_flag()]
+        layers = [i for i, p in self.cpu_paths.items() if p.take_timeout_flag()]
         if layers:
             self.cpu_timeout_steps += 1
         n = self.cpu_timeout_steps
@@ -453,8 +455,7 @@ class ReapWorkerExtension:
 
     def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
-        paths = [m.reap_cpu_path for m in self._reap().layers if m.reap_cpu_path is not None]
-        out = cpu_path_summary(paths)
+        out = cpu_path_summary(list(self._reap().cpu_paths.values()))
         if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
                          out["bad_id_layers"])

@@ -56,7 +56,7 @@ def main() -> None:
     handler = logging.Handler()
     handler.emit = lambda rec: logs.append(rec.getMessage())  # type: ignore[method-assign]
     logging.getLogger("reap_swap.server_ext").addHandler(handler)
-    worker = types.SimpleNamespace(layers=[types.SimpleNamespace(reap_layer_id=7, reap_cpu_path=path)], cpu_timeout_steps=0)
+    worker = types.SimpleNamespace(cpu_paths={7: path}, cpu_timeout_steps=0)  # the parts of WorkerResidency the check reads
     logged = WorkerResidency.check_cpu_timeouts(worker)  # type: ignore[arg-type]
     again = WorkerResidency.check_cpu_timeouts(worker)  # type: ignore[arg-type]
     seen = {"err": err, "scale": scale, "wait_timeouts": stats["wait_timeouts"], "cpu_pairs": stats["cpu_pairs"],

@@ -33,7 +33,7 @@ from ..config import ResidencyConfigError, _bool_env, _float_env, _int_env
 from .kernel import CpuThreads
 from .split import CostModel, plan_split
 from .step import BankRows, CpuStep, Staging
-from .team import spin_us_from_env
+from .team import WAIT_POLLS, spin_us_from_env
 
 ENV_CPU_EXPERTS = "REAP_CPU_EXPERTS"
 ENV_LINK_GBPS = "REAP_CPU_EXPERTS_LINK_GBPS"
@@ -42,7 +42,6 @@ ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
 ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
 ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
-WAIT_POLLS = 1 << 24  # the merge's polls of the team's ``done`` before it recomputes on the device (~17 s on the H200)
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
 
 
@@ -83,16 +82,21 @@ class CpuPathSettings:
         )
 
 
+def check_step_pairs(max_tokens: int, top_k: int) -> None:
+    """A step's (token, expert) pairs must fit the split's [pairs, pairs] tables: checked at load and by ``serve``."""
+    if max_tokens * top_k > MAX_STEP_PAIRS:
+        raise CpuPathConfigError(
+            f"{ENV_MAX_TOKENS}={max_tokens} with top-{top_k} routing gives {max_tokens * top_k} (token, expert) "
+            f"pairs per step; the CPU path's split takes at most {MAX_STEP_PAIRS} (it is for decode-sized steps): "
+            f"use at most {MAX_STEP_PAIRS // top_k} tokens")
+
+
 class LayerCpuPath:
     """One layer's CPU expert path: the split on the device, the CPU step, the merge."""
 
     def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
                  threads: CpuThreads, device: torch.device, staging: Staging | None = None):
-        if settings.max_tokens * top_k > MAX_STEP_PAIRS:
-            raise CpuPathConfigError(
-                f"{ENV_MAX_TOKENS}={settings.max_tokens} with top-{top_k} routing gives {settings.max_tokens * top_k} (token, expert) "
-                f"pairs per step; the CPU path's split takes at most {MAX_STEP_PAIRS} (it is for decode-sized steps): "
-                f"use at most {MAX_STEP_PAIRS // top_k} tokens")
+        check_step_pairs(settings.max_tokens, top_k)
         self.bank = bank
         self.top_k = top_k
         self.filler_row = filler_row
@@ -113,7 +117,8 @@ class LayerCpuPath:
         self._recompute: Any = None  # split_triton.Recompute, built on the first fused merge
         self.wait_limit = WAIT_POLLS
         # set by the merge kernel when it gave up waiting for the team (mapped: read without a sync)
-        self._timeout_flag_host, self._timeout_flag = (staging or self.step_job.staging).alloc((1,), torch.int32)
+        self._timeout_flag_host, self._timeout_flag = self.step_job.staging.alloc((1,), torch.int32)
+        self._timeout_flag_view = self._timeout_flag_host.numpy()  # read after every step: numpy's index is ~20x torch's
 
     @property
     def cost(self) -> CostModel:
@@ -193,9 +198,9 @@ class LayerCpuPath:
     def take_timeout_flag(self) -> bool:
         """True once after a merge gave up waiting for the team (pairs recomputed on the device); a
         host read of mapped memory, no sync (the step that set it may have finished just now)."""
-        if int(self._timeout_flag_host[0]) == 0:
+        if self._timeout_flag_view[0] == 0:
             return False
-        self._timeout_flag_host[0] = 0
+        self._timeout_flag_view[0] = 0
         return True
 
     def abandon(self) -> bool:

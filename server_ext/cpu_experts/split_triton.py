@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .team import MAILBOX_WORDS
+from .team import MAILBOX_WORDS, WAIT_POLLS
 
 __all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_merge"]
 
@@ -47,7 +47,7 @@ SPLIT_WARPS, SPLIT_BLOCK_X = 4, 4096  # launch shape of the split (one program; 
 # the wait-or-recompute decision is the same in every thread (two warps could read ``done`` on
 # either side of the team's store, split the branches and meet the recompute's barrier apart).
 MERGE_WARPS = 1
-WAIT_LIMIT = 1 << 24  # polls of ``done`` (each a round trip to host memory, ~1 us) before a step counts as timed out
+WAIT_LIMIT = WAIT_POLLS  # past it a step counts as timed out (one constant with the path's wait_limit)
 # FENCE: ``v`` after a system-scope fence (PTX ``fence.sc.sys``): the host sees stores before it before stores that use v.
 
 
@@ -123,11 +123,14 @@ def _wait_merge_kernel(  # type: ignore[no-untyped-def]
     if tl.load(cpu_pairs_ptr + p) != 0:
         want = tl.load(expected_ptr)
         polls = 0
+        # one read of the mapped ``done`` word when the team already finished (each is a PCIe round trip)
+        done = tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True)
         # behind a step that already timed out: do not wait again, recompute
-        budget = tl.where(tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < tl.load(stalled_ptr, volatile=True), 0, limit)
-        while (tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want) & (polls < budget):
+        budget = tl.where(done < tl.load(stalled_ptr, volatile=True), 0, limit)
+        while (done < want) & (polls < budget):
+            done = tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True)
             polls += 1
-        if tl.load(mailbox_ptr + MAILBOX_DONE, volatile=True) < want:
+        if done < want:
             tl.atomic_add(timeouts_ptr, 1)
             tl.atomic_max(stalled_ptr, want)
             tl.store(flag_ptr, 1)  # host-visible: the worker logs the timeout after the step

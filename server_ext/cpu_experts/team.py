@@ -26,6 +26,7 @@ from .kernel import CpuThreads, native_error, native_library
 
 ENV_SPIN_US = "REAP_CPU_EXPERT_SPIN_US"
 MAILBOX_WORDS = 16 + 64  # int64 words of reap_mailbox: seq, pad, done, pad, ring[64]
+WAIT_POLLS = 1 << 24  # the merge's polls of ``done`` (each a round trip to host memory, ~1 us; ~17 s on the H200) before it recomputes on the device
 _SEQ, _DONE = 0, 8
 
 
