@@ -240,11 +240,11 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
 def _cpu_path_fits(settings, top_k: int, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     """The layer's load-time check, before vLLM starts: a step's (token, expert) pairs fit the split."""
     cpu_path = _cpu_path()
-    if settings.enabled and settings.max_tokens * top_k > cpu_path.MAX_STEP_PAIRS:
-        raise ServeError(_with_flags(
-            f"{cpu_path.ENV_MAX_TOKENS}={settings.max_tokens} with this model's top-{top_k} routing gives "
-            f"{settings.max_tokens * top_k} (token, expert) pairs per step; the CPU expert path takes at most "
-            f"{cpu_path.MAX_STEP_PAIRS}: use at most {cpu_path.MAX_STEP_PAIRS // top_k} tokens", env))
+    if settings.enabled:
+        try:
+            cpu_path.check_step_pairs(settings.max_tokens, top_k)
+        except cpu_path.CpuPathConfigError as exc:
+            raise ServeError(_with_flags(str(exc), env)) from None
 
 
 def plan_env(args: argparse.Namespace) -> dict[str, str]:
