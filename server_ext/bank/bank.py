@@ -42,6 +42,10 @@ class Backing(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def free(self, rows: torch.Tensor) -> None:
+        """Give back what ``allocate`` took for ``rows`` now (a failed bank's earlier parameters)."""
+        ...
+
 
 class PlainBacking:
     """One ordinary tensor on the model's device (CPU: both tiers are RAM).
@@ -68,6 +72,9 @@ class PlainBacking:
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def free(self, rows: torch.Tensor) -> None:
+        """Nothing to do: torch frees the tensor with its last reference."""
 
 
 def strided_rows(raw: torch.Tensor, num_rows: int, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -176,10 +183,8 @@ class ExpertBank:
             for (n, p), stride in zip(params.items(), layout.row_strides):
                 phys[n] = backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
         except BaseException:
-            free = getattr(backing, "free", None)  # a backing that owns driver memory gives it back
             for t in phys.values():
-                if free is not None:
-                    free(t)
+                backing.free(t)
             raise
         with torch.no_grad():
             for n, p in params.items():

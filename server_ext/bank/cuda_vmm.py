@@ -19,7 +19,6 @@ and a promotion an H2D copy out of one, so no remapping happens at swap time
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +34,6 @@ except ImportError:  # pragma: no cover - depends on the CUDA install
         from cuda import cuda as cu  # type: ignore[import-not-found,no-redef]
     except ImportError:
         cu = None
-
-
-logger = logging.getLogger("reap_swap.server_ext")
 
 
 class VmmError(RuntimeError):
