@@ -25,6 +25,7 @@ import httpx
 import psutil
 
 from reap_swap.cli import HelpFormatter
+from reap_swap.models.tiny import tiny_plan_dict
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
 TOKEN = "soak-control-token"
@@ -32,20 +33,6 @@ PREFIX = "soak-"
 PROMPTS = ("def f(x):", "Dear team,", "sudo apt", "Solve 3x = 9.")
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
 RESULT = Path(__file__).resolve().parent / "results" / "ledger_soak.json"
-
-
-def tiny_plan(layers: int = 4, experts: int = 16, core: int = 4, size: int = 4) -> dict[str, Any]:
-    """A hand-made plan for the tiny model (core 0..core-1, consecutive slices), as the tests use."""
-    per_layer = {}
-    for i in range(layers):
-        rest = list(range(core, experts))
-        per_layer[f"layer_{i}"] = {
-            "numExperts": experts, "coreExperts": list(range(core)), "specialistActiveExpertTarget": size,
-            "sliceCatalog": [{"sliceId": f"layer_{i}_slice_{j // size:02d}", "experts": rest[j : j + size], "activationMass": 1.0}
-                             for j in range(0, len(rest), size)],
-        }
-    return {"mode": "dynamic_core_specialist", "model": "tiny", "perLayer": per_layer, "summary": {}, "scorerArtifacts": {},
-            "budget": {"per_expert_bytes": 98304, "max_refreshes_per_request": 1, "specialist_experts_per_layer_target": size}}
 
 
 def group_rss_mib(proc: ServerProcess) -> float:
@@ -169,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model = work / "tiny-model"
         build_tiny_model(model, TinySpec())
     plan = work / "plan.json"
-    plan.write_text(json.dumps(tiny_plan()))
+    plan.write_text(json.dumps(tiny_plan_dict()))
     t_start = time.perf_counter()
     backend, proxy = start_stack(model, plan, logs, args.ledger_size)
     try:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from .tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, train_bpe
 
@@ -158,4 +158,28 @@ def _hash_files(out_dir: Path) -> dict[str, str]:
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(out_dir.iterdir())
         if p.is_file() and p.name != "reap_tiny_model.json"
+    }
+
+
+def tiny_plan_dict(layers: int = 4, experts: int = 16, core: int = 4, slice_size: int = 4, specialist: int = 4) -> dict[str, Any]:
+    """A hand-made plan for the tiny model: core 0..core-1, consecutive slices (tests, bench-ledger-soak)."""
+    per_layer = {}
+    for i in range(layers):
+        rest = list(range(core, experts))
+        per_layer[f"layer_{i}"] = {
+            "numExperts": experts,
+            "coreExperts": list(range(core)),
+            "sliceCatalog": [
+                {"sliceId": f"layer_{i}_slice_{j // slice_size:02d}", "experts": rest[j : j + slice_size], "activationMass": 1.0}
+                for j in range(0, len(rest), slice_size)
+            ],
+            "specialistActiveExpertTarget": specialist,
+        }
+    return {
+        "mode": "dynamic_core_specialist",
+        "model": "tiny",
+        "budget": {"per_expert_bytes": 98304, "max_refreshes_per_request": 1, "specialist_experts_per_layer_target": specialist},
+        "perLayer": per_layer,
+        "summary": {},
+        "scorerArtifacts": {},
     }

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from reap_swap.models.tiny import tiny_plan_dict  # noqa: F401 - the tests import it from here
+
 REPO = Path(__file__).resolve().parents[1]
 # The seed's real Qwen3.5-35B-A3B plan, vendored with its licence notice (tests/fixtures/seed/NOTICE.md).
 SEED_PLAN = REPO / "tests" / "fixtures" / "seed" / "strict30-v2-plan.json"
@@ -17,30 +19,6 @@ SEED_PLAN = REPO / "tests" / "fixtures" / "seed" / "strict30-v2-plan.json"
 def seed_plan_path() -> Path:
     assert SEED_PLAN.is_file(), f"the vendored seed plan is missing: {SEED_PLAN}"
     return SEED_PLAN
-
-
-def tiny_plan_dict(layers: int = 4, experts: int = 16, core: int = 4, slice_size: int = 4, specialist: int = 4) -> dict[str, Any]:
-    """A hand-made plan for the tiny model: core 0..core-1, consecutive slices."""
-    per_layer = {}
-    for i in range(layers):
-        rest = list(range(core, experts))
-        per_layer[f"layer_{i}"] = {
-            "numExperts": experts,
-            "coreExperts": list(range(core)),
-            "sliceCatalog": [
-                {"sliceId": f"layer_{i}_slice_{j // slice_size:02d}", "experts": rest[j : j + slice_size], "activationMass": 1.0}
-                for j in range(0, len(rest), slice_size)
-            ],
-            "specialistActiveExpertTarget": specialist,
-        }
-    return {
-        "mode": "dynamic_core_specialist",
-        "model": "tiny",
-        "budget": {"per_expert_bytes": 98304, "max_refreshes_per_request": 1, "specialist_experts_per_layer_target": specialist},
-        "perLayer": per_layer,
-        "summary": {},
-        "scorerArtifacts": {},
-    }
 
 
 @pytest.fixture(scope="session")
