@@ -121,19 +121,22 @@ class CoreClaim:
         except OSError as exc:
             raise CpuSetError(f"cannot create the core-claim directory {self.directory} ({ENV_LOCK_DIR}): {exc}") from None
         busy: list[str] = []
-        for core in self.cores:
-            path = self.directory / f"core-{core}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                busy.append(f"core {core} ({holder})")
-                continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}: {owner}".encode(), 0)
-            self._fds.append(fd)
+        try:
+            for core in self.cores:
+                fd = os.open(self.directory / f"core-{core}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                    os.close(fd)
+                    busy.append(f"core {core} ({holder})")
+                    continue
+                self._fds.append(fd)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()}: {owner}".encode(), 0)
+        except OSError as exc:  # an unreadable lock file: give back the cores already claimed
+            self.release()
+            raise CpuSetError(f"cannot claim cores {list(self.cores)} under {self.directory} ({ENV_LOCK_DIR}): {exc}") from None
         if busy:
             self.release()
             raise CpuSetError(
