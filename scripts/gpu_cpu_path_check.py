@@ -52,8 +52,8 @@ def inputs(t: int, g: torch.Generator, dev: torch.device) -> tuple[torch.Tensor,
     return x.to(dev), ids.to(dev), w.to(dev)
 
 
-def vmm_bank(dev: torch.device) -> tuple[VmmBacking, torch.Tensor, torch.Tensor, int]:
-    """A VMM bank of E experts (S slot rows, the rest host rows the CPU may read) with random weights."""
+def vmm_bank(dev: torch.device) -> tuple[VmmBacking, torch.Tensor, torch.Tensor, int, torch.Generator]:
+    """A VMM bank of E experts (S slot rows, the rest host rows the CPU may read) with random weights, and the generator that drew them (the inputs continue from it)."""
     backing = VmmBacking(dev)
     backing.grant_host_access()
     layout = backing.layout(S, E, [2 * I * H * 2, H * I * 2], pad=True)
@@ -64,13 +64,13 @@ def vmm_bank(dev: torch.device) -> tuple[VmmBacking, torch.Tensor, torch.Tensor,
     for t, fan in ((w13, H), (w2, I)):
         t.copy_((torch.randn(t.shape, generator=g) / fan**0.5).to(torch.bfloat16).to(dev))
     torch.cuda.synchronize()
-    return backing, w13, w2, off
+    return backing, w13, w2, off, g
 
 
 def main(out_path: str) -> int:
     dev = torch.device("cuda", 0)
     res: dict = {}
-    backing, w13, w2, off = vmm_bank(dev)
+    backing, w13, w2, off, g = vmm_bank(dev)
     row = w13[off + 3]
     nbytes = row.numel() * 2
     on_cpu = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(row.data_ptr()), dtype=torch.uint8).view(torch.bfloat16).view(row.shape)

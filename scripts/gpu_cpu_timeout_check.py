@@ -35,7 +35,7 @@ SENTINEL = 3.0
 
 def main(out_path: str) -> int:
     dev = torch.device("cuda", 0)
-    backing, w13, w2, off = vmm_bank(dev)
+    backing, w13, w2, off, g = vmm_bank(dev)
     bank = BankRows(w13, w2, off, E)
     settings = CpuPathSettings(enabled=True, max_tokens=8)
     path = LayerCpuPath(bank, K, S if off > S else 0, settings, CostModel(link_GBps=1e-3, cpu_GBps=1e3, max_tokens=8),
