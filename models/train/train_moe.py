@@ -96,8 +96,9 @@ def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer) and the router z-loss."""
+def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False, z: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer) and the router
+    z-loss (zero, not computed, with ``z=False``: training without it does not pay its logsumexp every step)."""
     out = model(input_ids=x, output_router_logits=True, use_cache=False)
     logits = out.logits
     lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
@@ -106,7 +107,7 @@ def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = Fal
         aux = per_layer_balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
     elif aux is None or not torch.is_tensor(aux):
         aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
-    return lm, aux.float(), router_z_loss(out.router_logits, cfg.num_experts)
+    return lm, aux.float(), router_z_loss(out.router_logits, cfg.num_experts) if z else torch.zeros((), device=lm.device)
 
 
 def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
         batch = train[starts[:, None] + span].long()
         with amp():
-            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer)
-            loss = lm + args.aux_coef * aux + (args.router_z_coef * z.to(lm.device) if args.router_z_coef else 0.0)
+            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer, z=bool(args.router_z_coef))
+            loss = lm + args.aux_coef * aux + args.router_z_coef * z.to(lm.device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
