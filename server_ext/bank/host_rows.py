@@ -98,8 +98,8 @@ class LayerHostRows:
     def reclaim_spares(self) -> list[int]:
         """Rows that no expert owns but that are missing from the spare pool (a handle lost by a
         failure) become spares again; a row listed twice is listed once. Returns the rows reclaimed."""
-        pool = sorted(set(self._spares))
-        lost = [r for r in range(self.num_rows) if self._owner[r] < 0 and r not in set(pool)]
+        pool = set(self._spares)
+        lost = [r for r in range(self.num_rows) if self._owner[r] < 0 and r not in pool]
         self._spares = [r for r in reversed(range(self.num_rows)) if self._owner[r] < 0]
         return lost
 
