@@ -27,11 +27,12 @@ import psutil
 from reap_swap.cli import HelpFormatter
 from reap_swap.models.tiny import tiny_plan_dict
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
+from reap_swap.server_ext.launcher import CPU_DEFAULTS
 
 TOKEN = "soak-control-token"
 PREFIX = "soak-"
 PROMPTS = ("def f(x):", "Dear team,", "sudo apt", "Solve 3x = 9.")
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
+CPU_ENV = {**CPU_DEFAULTS, "VLLM_DISABLE_COMPILE_CACHE": "1"}  # what serve sets on CPU, and no compile cache between runs
 RESULT = Path(__file__).resolve().parent / "results" / "ledger_soak.json"
 
 
