@@ -144,6 +144,14 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path) -> Clock
         "fit": {"base_ms": "per token count (1, 8): stock_gpu's median step minus its replayed resident reads at hbm_GBps; "
                            "fitted on the stock_gpu arm only (its error is 0 by construction); every other arm is a prediction"},
         "server_settings": ["cpu_fixed_ms", "cpu_pair_ms"],
+        "notes": [
+            "cpu_GBps is the CPU team's own counter (bytes over its busy time) from the reap_static_cpu run: measured, not fitted "
+            "to step time, but taken in the run of an arm that is validated",
+            "cpu_fixed_ms and cpu_pair_ms are the server's split settings (REAP_CPU_EXPERTS_FIXED_US / _PAIR_US defaults), not measurements",
+            "promote_GBps = the host-row read rate; the cache arm's profile (4.94 ms of _promote_kernel per step) over the replayed "
+            "32 promotions per step would mean ~61 GB/s, which would put reap_cache bs1 at about -14 %: the copies' launch and "
+            "ordering costs (66 launches per step against 32 without the cache) are not in that kernel time",
+        ],
         "promote_crosscheck": "bench_gpu_learned.json arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step "
                               f"= {src.get(LEARNED, 'arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step'):.0f} us over profiled steps",
     }
@@ -186,6 +194,7 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
                 "within_10pct": abs(sim - meas) <= TOLERANCE * meas if meas else None,
                 "measured_tok_s": bs * 1e3 / meas if meas else None, "simulated_tok_s": bs * 1e3 / sim,
                 "issue25_ms": bs * 1e3 / issue[0 if bs == 1 else 1] if issue else None,
+                "error_vs_issue25_pct": 100.0 * (sim * issue[0 if bs == 1 else 1] / (bs * 1e3) - 1.0) if issue else None,
                 "simulated_hit_rate_decode": 1.0 - sum(s.missed_pairs for s in dec) / sum(s.pairs for s in dec),
                 "per_step": {"resident": mean(lambda c: c.resident.sum()), "link": mean(lambda c: c.link.sum()),
                              "cpu": mean(lambda c: c.cpu.sum()), "promoted": mean(lambda c: c.promoted.sum())},
