@@ -115,8 +115,10 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path) -> Clock
     link = float(src.get(RELAYOUT, "vmm_check.read_GBps_host_rows", "link_GBps"))
     kernels = src.get(LEARNED, "arms.reap_static.reap_kernels", "reap_step_ms")
     cache_k = src.get(LEARNED, "arms.reap_cache.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
-    cm = src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cost_model", "cpu_fixed_ms")
-    src.used["cpu_pair_ms"] = {**src.used["cpu_fixed_ms"], "value": cm["cpu_per_pair_s"]}
+    cm = src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
+    for name, key in (("cpu_fixed_ms", "cpu_fixed_s"), ("cpu_pair_ms", "cpu_per_pair_s")):
+        src.get(LEARNED_CPU, f"raw.reap_static_cpu.cpu_path_bs1.cost_model.{key}", name)
+        src.used[name]["unit"] = "s"
     clock = Clock(
         base_ms=((1, 0.0), (8, 0.0)),
         hbm_GBps=hbm,
