@@ -10,10 +10,9 @@ simulated step next to the measured median step, arm by arm, at batch 1 and 8.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
-
-import json
 
 import numpy as np
 
@@ -55,7 +54,9 @@ class Sources:
     """Measured values read by (file, dotted key), each remembered for the provenance."""
 
     def __init__(self, results: Path):
-        self.results, self.files, self.used = results, {}, {}  # type: ignore[var-annotated]
+        self.results = results
+        self.files: dict[str, dict[str, Any]] = {}
+        self.used: dict[str, dict[str, Any]] = {}
 
     def get(self, name: str, dotted: str, field: str | None = None) -> Any:
         if name not in self.files:

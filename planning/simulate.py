@@ -12,6 +12,13 @@ the rest are scored; ``belady`` (optimal replacement with optional admission)
 is the upper bound of any online policy. ``lfru_cap`` is the server's online
 cache (``server_ext/cache/online_cache.py``) rule for rule, float32 scores included:
 at most ``--cap`` promotions per layer per step, ``--hysteresis``, ``--decay``.
+
+With ``--clock`` (a step-time calibration, ``planning/step_time.py``) each policy also gets its
+simulated decode step (ms) and tok/s at batch 1, and ``--sweep-cap`` picks ``lfru_cap``'s cap by
+that step time rather than by hit rate (with ``--cpu-path`` the two disagree: a promotion turns a
+miss the CPU computes beside the link into a copy before the kernel). ``--calibrate`` builds the
+clock from the measured H200 files; ``--validate`` replays the GPU bench's timed requests through
+every arm and prints measured vs simulated ms/step (``planning/clock_validate.py``).
 """
 
 from __future__ import annotations
