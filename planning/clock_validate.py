@@ -217,6 +217,30 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
     }
 
 
+def choices(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, caps: tuple[int, ...] = (0, 1, 2, 4, 8)) -> list[dict[str, Any]]:
+    """The online cache's cap (0: the static set) on the bench's workload, chosen by median step vs by hit rate,
+    with and without the CPU path, at bs1 and bs8: where the two rules part, the hit rate picks the slower setting."""
+    src = Sources(results)
+    eb = clock.expert_bytes or int(src.get(LEARNED, "raw.stock_gpu.spec.expert_bytes"))
+    base = arm_rules(src, "reap_cache_cpu", eb, trace.num_layers, trace.num_experts)
+    out = []
+    for bs in (1, 8):
+        batches = workload(src, trace, sets, "reap_cache", bs)
+        for cpu in (False, True):
+            rows = []
+            for cap in caps:
+                rule = None if cap == 0 or base.cache is None else CacheRule(cap, base.cache.decay, base.cache.hysteresis, base.cache.prior_weight)
+                arm = Arm(f"cap{cap}", "static" if rule is None else "cache", cache=rule, cpu=base.cpu if cpu else None)
+                steps = replay(trace, batches, arm, eb, int(sets["slots_per_layer"]))
+                dec = [s for s in steps if s.decode]
+                rows.append({"cap": cap, "hit_rate_decode": 1.0 - sum(s.missed_pairs for s in dec) / sum(s.pairs for s in dec),
+                             "step_ms": float(np.median([step_ms(clock, s.counts, eb).total for s in steps if s.timed]))})
+            by_step, by_hits = min(rows, key=lambda r: r["step_ms"]), max(rows, key=lambda r: r["hit_rate_decode"])
+            out.append({"batch": bs, "cpu_path": cpu, "caps": rows, "chosen_by_step_time": by_step["cap"],
+                        "chosen_by_hit_rate": by_hits["cap"], "step_time_speedup_over_hit_rate_choice": by_hits["step_ms"] / by_step["step_ms"]})
+    return out
+
+
 def table(report: dict[str, Any]) -> str:
     lines = ["| arm | batch | measured ms/step | simulated ms/step | error % | measured tok/s | simulated tok/s | link / CPU / promoted experts per step |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -225,5 +249,9 @@ def table(report: dict[str, Any]) -> str:
         p = r["per_step"]
         lines.append(f"| {r['arm']} | {r['batch']} | {fmt(r['measured_ms'], '.2f')} | {r['simulated_ms']:.2f} | {fmt(r['error_pct'], '+.1f')} | "
                      f"{fmt(r['measured_tok_s'], '.1f')} | {r['simulated_tok_s']:.1f} | {p['link']:.1f} / {p['cpu']:.1f} / {p['promoted']:.1f} |")
+    for c in report.get("choices", []):
+        caps = ", ".join(f"{r['cap']}: {r['step_ms']:.2f} ms / hit {r['hit_rate_decode']:.3f}" for r in c["caps"])
+        lines.append(f"\ncap (0 = static) at bs{c['batch']}{' + CPU path' if c['cpu_path'] else ''}: {caps}; by step time {c['chosen_by_step_time']}, "
+                     f"by hit rate {c['chosen_by_hit_rate']} ({c['step_time_speedup_over_hit_rate_choice']:.2f}x)")
     verdict = "every reap arm within 10 %" if report["all_reap_within_10pct"] else f"NOT every reap arm within 10 % (worst: {report['worst_reap']})"
     return "\n".join(lines) + f"\n\n{verdict}; fitted: {', '.join(report['fitted']['constants'])} on {', '.join(report['fitted']['on_arms'])}\n"

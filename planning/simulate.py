@@ -261,7 +261,7 @@ def sweep_table(sw: dict[str, Any]) -> str:
 
 def _clock_modes(args: argparse.Namespace, trace: RoutingTrace) -> dict[str, Any] | None:
     """``--calibrate`` / ``--validate``: the clock from the measured files, or the clock against them."""
-    from .clock_validate import calibrate, table as validate_table, validate
+    from .clock_validate import calibrate, choices, table as validate_table, validate
 
     sets = json.loads(args.sets.read_text())
     if args.calibrate:
@@ -270,7 +270,9 @@ def _clock_modes(args: argparse.Namespace, trace: RoutingTrace) -> dict[str, Any
         args.clock.write_text(json.dumps({"clock": clock.to_json()}, indent=1) + "\n")
         print(f"wrote {args.clock} (fitted: {', '.join(clock.fitted)})")
         return None
-    report = validate(trace, sets, args.validate, load_clock(args.clock))
+    clock = load_clock(args.clock)
+    report = validate(trace, sets, args.validate, clock)
+    report["choices"] = choices(trace, sets, args.validate, clock)
     print(validate_table(report))
     return report
 

@@ -236,3 +236,12 @@ def test_calibration_file_is_what_calibrate_builds_from_the_committed_results() 
     sets = json.loads((RESULTS / "learned_sets.json").read_text())
     built = calibrate(load(REPO / "benchmarks" / "traces" / "learned128_t0.8.npz"), sets, RESULTS)
     assert built.to_json() == load_clock(RESULTS / "step_time_h200.json").to_json()
+
+
+def test_committed_choices_part_ways_only_with_the_cpu_path() -> None:
+    choices = json.loads((RESULTS / "simulate_clock_h200.json").read_text())["choices"]
+    for c in choices:
+        if c["cpu_path"]:
+            assert c["chosen_by_step_time"] == 0 and c["chosen_by_hit_rate"] > 0 and c["step_time_speedup_over_hit_rate_choice"] > 1.1
+        else:
+            assert c["chosen_by_step_time"] == c["chosen_by_hit_rate"]
