@@ -12,6 +12,13 @@ the rest are scored; ``belady`` (optimal replacement with optional admission)
 is the upper bound of any online policy. ``lfru_cap`` is the server's online
 cache (``server_ext/cache/online_cache.py``) rule for rule, float32 scores included:
 at most ``--cap`` promotions per layer per step, ``--hysteresis``, ``--decay``.
+
+With ``--clock`` (a step-time calibration, ``planning/step_time.py``) each policy also gets its
+simulated decode step (ms) and tok/s at batch 1, and ``--sweep-cap`` picks ``lfru_cap``'s cap by
+that step time rather than by hit rate (with ``--cpu-path`` the two disagree: a promotion turns a
+miss the CPU computes beside the link into a copy before the kernel). ``--calibrate`` builds the
+clock from the measured H200 files; ``--validate`` replays the GPU bench's timed requests through
+every arm and prints measured vs simulated ms/step (``planning/clock_validate.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import numpy as np
 from reap_swap.cli import RawDescriptionHelpFormatter
 
 from .cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, PriorDecayedCounters, PromptPrior, belady_hits, top_by_mass
+from .clock_arms import SplitRule, split_cpu
+from .step_time import Clock, ClockError, StepCounts, load_clock, step_ms
 from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, load
 
 POLICIES = ("static_topk", "prompt_prior", "lru", "lfru", "lfru_cap", "decayed_counters", "prior_decayed", "belady")
@@ -81,12 +90,46 @@ def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray,
     return makers[name]()
 
 
+def cpu_rule(clock: Clock, max_tokens: int = 8) -> SplitRule:
+    """The server's split rule with the clock's pipe rates (what ``serve --cpu-experts`` measures at start-up)."""
+    return SplitRule(clock.link_GBps, clock.cpu_GBps, clock.cpu_fixed_ms * 1e-3, clock.cpu_pair_ms * 1e-3, max_tokens)
+
+
+def _clocked(clock: Clock, moved: np.ndarray, expert_bytes: int, rule: SplitRule | None, cache: bool) -> dict[str, float]:
+    """Mean decode step (ms) of a policy from its per-layer, per-decode-step [hits, misses not promoted, promotions]."""
+    layers, steps = moved.shape[1], moved.shape[2]
+    total = np.zeros(steps)
+    for t in range(steps):
+        c = StepCounts.zeros(layers, 1, cache=cache, cpu_path=rule is not None)
+        c.resident = moved[0, :, t] + moved[3, :, t]
+        c.promoted = moved[2, :, t]
+        for l in range(layers):
+            m = int(moved[1, l, t])
+            n = len(split_cpu(np.ones(m, dtype=np.int64), rule, expert_bytes, 1)) if rule is not None else 0
+            c.cpu[l], c.cpu_pairs[l], c.link[l] = n, n, m - n
+        total[t] = step_ms(clock, c, expert_bytes).total
+    mean = float(total.mean()) if steps else float("nan")
+    return {"step_ms_decode": mean, "decode_tok_s": 1e3 / mean if steps else float("nan")}
+
+
 def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ...] = POLICIES, cap: int = DEFAULT_CAP,
-             hysteresis: float | None = None, decay: float = DEFAULT_DECAY) -> dict[str, Any]:
+             hysteresis: float | None = None, decay: float = DEFAULT_DECAY, clock: Clock | None = None,
+             cpu_path: bool = False, expert_bytes: int | None = None) -> dict[str, Any]:
+    """Hit rates per policy; with ``clock`` also each policy's mean decode step (ms) and tok/s at batch 1.
+
+    With the clock a promoted routed miss is copied into its slot before the step's kernel (the
+    server's order) instead of being read over the link; with ``cpu_path`` the remaining misses are
+    split between the link and the CPU by the server's rule. ``expert_bytes`` defaults to the clock's
+    calibration shape, then to the trace's.
+    """
     calib, scored, calibrated_on = split_requests(trace)
     e, k = trace.num_experts, trace.top_k
     slots = max(1, int(round(slots_fraction * e)))
+    clock_bytes = expert_bytes or (clock.expert_bytes if clock else 0) or int(trace.meta.get("expert_bytes", 0))
     expert_bytes = int(trace.meta.get("expert_bytes", 0))
+    n_decode = sum(int((r.phase == DECODE).sum()) for r in scored)
+    # per policy, layer, decode step: hits, misses not promoted, promotions, promoted routed misses
+    moved = {p: np.zeros((4, trace.num_layers, n_decode)) for p in policies}
     # pairs, hits (prefill); pairs, hits (decode); mass, hit mass (decode); promotions; promotions of unrouted experts
     totals = {p: np.zeros(8) for p in policies}
     decode_tokens = sum(int((r.phase == DECODE).sum()) for r in scored)
@@ -112,7 +155,12 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
                         # The prompt prior is known once prefill has routed; installing it copies
                         # experts the prefill just read over the link anyway.
                         acc[6] += pol.begin_request(prompt_mass)
+            t = 0
             for (phase, routed, counts, mass, _), (hits, promoted, unrouted) in zip(steps, results):
+                if phase == DECODE:
+                    routed_promoted = min(promoted - unrouted, int((~hits).sum()))
+                    moved[name][:, layer, t] = (hits.sum(), (~hits).sum() - routed_promoted, promoted, routed_promoted)
+                    t += 1
                 base = 0 if phase == PREFILL else 2
                 acc[base] += counts.sum()
                 acc[base + 1] += counts[hits].sum()
@@ -131,6 +179,10 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
             "promotions_per_token": a[6] / decode_tokens if decode_tokens else None,
             "link_bytes_per_token": (missed_decode + a[7]) * expert_bytes / decode_tokens if decode_tokens else None,
         }
+        if clock is not None:
+            # Belady's admissions have no per-step schedule: its clock counts them free (a bound, like its hit rate).
+            rule = cpu_rule(clock) if cpu_path else None
+            out[name].update(_clocked(clock, moved[name], clock_bytes, rule, cache=name in ONLINE))
     best_online = max((p for p in policies if p in ONLINE), key=lambda p: out[p]["hit_rate_decode"] or 0.0, default=None)
     return {
         "trace": trace.meta.get("source_file"),
@@ -139,6 +191,7 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
         "slots_fraction": slots_fraction,
         "slots_per_layer": slots,
         "lfru_cap": {"cap": cap, "hysteresis": hysteresis, "decay": decay},
+        "clock": None if clock is None else {"name": clock.name, "expert_bytes": clock_bytes, "cpu_path": cpu_path},
         "num_experts": e,
         "layers": trace.num_layers,
         "calibrated_on": calibrated_on,
@@ -159,20 +212,69 @@ def _vs_belady(out: dict[str, dict[str, Any]], name: str | None) -> float | None
 
 
 def table(result: dict[str, Any]) -> str:
+    clocked = result.get("clock") is not None
     lines = [
         f"{result['requests_scored']} requests, {result['decode_tokens_scored']} decode tokens scored; {result['slots_per_layer']} of "
         f"{result['num_experts']} experts per layer ({result['slots_fraction']:.0%}); static set calibrated on the {result['calibrated_on']}",
         "",
-        "| policy | hit rate decode | hit rate prefill | gate-mass hit decode | promotions / token | link MB / token |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| policy | hit rate decode | hit rate prefill | gate-mass hit decode | promotions / token | link MB / token |"
+        + (" step ms (bs1) | tok/s (bs1) |" if clocked else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if clocked else ""),
     ]
     for name, p in result["policies"].items():
         lb = p["link_bytes_per_token"]
         lines.append(
             f"| {name} | {p['hit_rate_decode']:.3f} | {p['hit_rate_prefill']:.3f} | {p['mass_hit_rate_decode']:.3f} | "
             f"{p['promotions_per_token']:.2f} | {lb / 1e6 if lb is not None else float('nan'):.2f} |"
+            + (f" {p['step_ms_decode']:.2f} | {p['decode_tok_s']:.1f} |" if clocked else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def sweep_cap(trace: RoutingTrace, slots_fraction: float, caps: list[int], clock: Clock, choose_by: str = "step_time",
+              cpu_path: bool = False, hysteresis: float | None = None, decay: float = DEFAULT_DECAY,
+              expert_bytes: int | None = None) -> dict[str, Any]:
+    """The online cache's cap chosen by simulated step time (or by hit rate, to compare); cap 0 is the static set.
+
+    Why: with the CPU path a promotion moves a miss the CPU would have computed beside the link onto
+    the link, serialized before the kernel; more promotions raise the hit rate and can still slow the step.
+    """
+    rows = []
+    for c in caps:
+        name = "static_topk" if c == 0 else "lfru_cap"
+        r = simulate(trace, slots_fraction, (name,), max(c, 1), hysteresis, decay, clock, cpu_path, expert_bytes)["policies"][name]
+        rows.append({"cap": c, "hit_rate_decode": r["hit_rate_decode"], "step_ms_decode": r["step_ms_decode"], "decode_tok_s": r["decode_tok_s"]})
+    by_step = min(rows, key=lambda r: r["step_ms_decode"])
+    by_hits = max(rows, key=lambda r: r["hit_rate_decode"] or 0.0)
+    return {"caps": rows, "cpu_path": cpu_path, "choose_by": choose_by, "chosen_by_step_time": by_step["cap"],
+            "chosen_by_hit_rate": by_hits["cap"], "chosen": (by_step if choose_by == "step_time" else by_hits)["cap"]}
+
+
+def sweep_table(sw: dict[str, Any]) -> str:
+    lines = [f"cap sweep (0 = static set, no promotions){' with the CPU path' if sw['cpu_path'] else ''}:", "",
+             "| cap | hit rate decode | step ms (bs1) | tok/s (bs1) |", "|---:|---:|---:|---:|"]
+    for r in sw["caps"]:
+        lines.append(f"| {r['cap']} | {r['hit_rate_decode']:.3f} | {r['step_ms_decode']:.2f} | {r['decode_tok_s']:.1f} |")
+    lines.append(f"\nchosen by {sw['choose_by']}: cap {sw['chosen']} (by step time: {sw['chosen_by_step_time']}, by hit rate: {sw['chosen_by_hit_rate']})")
+    return "\n".join(lines) + "\n"
+
+
+def _clock_modes(args: argparse.Namespace, trace: RoutingTrace) -> dict[str, Any] | None:
+    """``--calibrate`` / ``--validate``: the clock from the measured files, or the clock against them."""
+    from .clock_validate import calibrate, choices, table as validate_table, validate
+
+    sets = json.loads(args.sets.read_text())
+    if args.calibrate:
+        clock = calibrate(trace, sets, args.calibrate)
+        args.clock.parent.mkdir(parents=True, exist_ok=True)
+        args.clock.write_text(json.dumps({"clock": clock.to_json()}, indent=1) + "\n")
+        print(f"wrote {args.clock} (fitted: {', '.join(clock.fitted)})")
+        return None
+    clock = load_clock(args.clock)
+    report = validate(trace, sets, args.validate, clock)
+    report["choices"] = choices(trace, sets, args.validate, clock)
+    print(validate_table(report))
+    return report
 
 
 def main(argv: list[str]) -> int:
@@ -184,8 +286,31 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hysteresis", type=float, default=None,
                    help="lfru_cap: promote only while candidate score > victim score + this (default: always, as LFRU)")
     p.add_argument("--decay", type=float, default=DEFAULT_DECAY, help="lfru_cap: score decay per step, in (0, 1)")
+    p.add_argument("--clock", type=Path, help="step-time calibration JSON (benchmarks/results/step_time_h200.json): adds each policy's "
+                   "simulated decode step ms and tok/s at batch 1; with --calibrate, the file to write")
+    p.add_argument("--cpu-path", action="store_true", help="with --clock: misses not promoted are split between the link and the host CPU "
+                   "by the server's rule (serve --cpu-experts)")
+    p.add_argument("--expert-bytes", type=int, default=None, help="bytes of one expert for the clock (default: the clock's calibration shape, "
+                   "then the trace's)")
+    p.add_argument("--sweep-cap", default=None, help="with --clock: comma-separated lfru_cap caps to compare (0 = the static set), e.g. 0,1,2,4,8")
+    p.add_argument("--choose-by", choices=("step_time", "hit_rate"), default="step_time", help="what --sweep-cap picks the cap by")
+    p.add_argument("--sets", type=Path, help="learned sets JSON (reap-swap learned-sets) for --calibrate / --validate")
+    p.add_argument("--calibrate", type=Path, metavar="RESULTS_DIR", help="build the clock from the measured H200 files in this folder "
+                   "(benchmarks/results) and write it to --clock")
+    p.add_argument("--validate", type=Path, metavar="RESULTS_DIR", help="replay the requests bench-gpu --trace timed (its JSONs in this folder) "
+                   "through every arm with --clock; print measured vs simulated ms/step, write --out")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     args = p.parse_args(argv)
+    if (args.calibrate or args.validate) and not (args.clock and args.sets):
+        p.error("--calibrate and --validate need --clock and --sets")
+    if (args.sweep_cap or args.cpu_path) and not args.clock:
+        p.error("--sweep-cap and --cpu-path need --clock")
+    try:
+        caps = [int(x) for x in args.sweep_cap.split(",") if x.strip()] if args.sweep_cap else []
+    except ValueError:
+        p.error("--sweep-cap takes integers, e.g. 0,1,2,4,8")
+    if any(c < 0 for c in caps):
+        p.error("--sweep-cap caps must be >= 0")
     chosen = tuple(x.strip() for x in args.policies.split(",") if x.strip())
     bad = [x for x in chosen if x not in POLICIES]
     if bad or not chosen:
@@ -199,11 +324,21 @@ def main(argv: list[str]) -> int:
     try:
         trace = load(args.trace)
         trace.meta["source_file"] = str(args.trace)
-        result = simulate(trace, args.slots_fraction, chosen, args.cap, args.hysteresis, args.decay)
-    except TraceError as exc:
+        if args.calibrate or args.validate:
+            result = _clock_modes(args, trace)
+            if result is None:
+                return 0
+        else:
+            clock = load_clock(args.clock) if args.clock else None
+            result = simulate(trace, args.slots_fraction, chosen, args.cap, args.hysteresis, args.decay, clock, args.cpu_path, args.expert_bytes)
+            print(table(result))
+            if caps and clock is not None:
+                result["sweep"] = sweep_cap(trace, args.slots_fraction, caps, clock, args.choose_by, args.cpu_path, args.hysteresis,
+                                            args.decay, args.expert_bytes)
+                print(sweep_table(result["sweep"]))
+    except (TraceError, ClockError, OSError, KeyError, ValueError) as exc:
         print(f"reap-swap simulate: error: {exc}", file=sys.stderr)
         return 2
-    print(table(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

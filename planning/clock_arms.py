@@ -1,0 +1,201 @@
+"""Per-step counts of the GPU bench's arms, replayed from a routing trace (pure numpy).
+
+Why: the clock (``step_time``) needs what each step moved, per layer, in the arm's own
+rules: which routed experts were resident, which the online cache promoted (copied before the
+fused kernel, then read from their slot), which misses the CPU path computed and which crossed
+the link. This replays the bench's exact workload (``bench-gpu --trace``: each batch's prompt as
+one prefill step, then one step per decoded token; the timed steps are the full-batch decode
+steps but the first and the last, 61 per request at bs1, 120 at bs8 as in the bench JSON) through:
+
+* ``stock_gpu`` -- every expert resident; ``stock_offload`` -- each layer's GPU byte share
+  (vLLM's first-come offload of w13 then w2, ``benchmarks/learned/inputs.offload_order_fractions``);
+* ``static`` -- a fixed set per layer (the batch's set, installed before it runs);
+* ``cache`` -- the server's capped LFRU (``cache_policies.LFRU``, float32, rule for rule),
+  reinstalled before each batch from its set with the set's prior score
+  (``server_ext/cache/online_cache.LayerCache.install``: prior_weight / (1 - decay));
+* either with ``cpu`` -- the CPU path's split (``server_ext/cpu_experts/split.plan_split``, ported:
+  per layer step of at most ``max_tokens`` tokens, the CPU takes the ``n`` missed experts with the
+  fewest missed pairs that minimise ``max(link, cpu)`` under the server's cost model; after the
+  cache's promotions, so a promoted miss is never also computed on the CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .cache_policies import LFRU
+from .step_time import StepCounts
+from .traces import RoutingTrace
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """The server's split cost model (``CostModel``): what it believes, not what the clock measures."""
+
+    link_GBps: float
+    cpu_GBps: float
+    fixed_s: float = 25e-6
+    pair_s: float = 1e-6
+    max_tokens: int = 8
+
+
+def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int) -> np.ndarray:
+    """Indices (into ``pairs``: one layer step's missed experts, in id order) the CPU computes.
+
+    ``plan_split``'s rule: candidates by (missed pairs, id); the first ``n`` minimising
+    ``max(cpu(n), link(n))`` (ties: the smallest ``n``); none when the step has too many tokens.
+    """
+    m = len(pairs)
+    if m == 0 or tokens > rule.max_tokens:
+        return np.empty(0, dtype=np.int64)
+    order = np.lexsort((np.arange(m), pairs))
+    prefix = np.concatenate([[0], np.cumsum(pairs[order])])
+    n = np.arange(m + 1, dtype=np.float64)
+    cpu = (n > 0) * rule.fixed_s + n * (expert_bytes / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
+    link = (m - n) * (expert_bytes / (rule.link_GBps * 1e9))
+    best = int(np.argmin(np.maximum(cpu, link)))
+    return order[:best]
+
+
+@dataclass(frozen=True)
+class CacheRule:
+    cap: int = 4
+    decay: float = 0.95
+    hysteresis: float | None = None
+    prior_weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    kind: str  # stock_gpu | stock_offload | static | cache
+    cache: CacheRule | None = None
+    cpu: SplitRule | None = None
+    gpu_fraction: tuple[float, ...] = ()
+    """stock_offload: each layer's GPU byte share."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """Trace request ``index`` run for ``gen`` tokens after a ``prompt_len``-token prompt."""
+
+    index: int
+    prompt_len: int
+    gen: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    requests: tuple[Request, ...]
+    sets: dict[int, np.ndarray] = field(default_factory=dict)
+    """Trace layer -> the experts installed before the batch (static arms, the cache's start and prior)."""
+
+
+@dataclass
+class Step:
+    timed: bool
+    decode: bool
+    counts: StepCounts
+    pairs: int
+    missed_pairs: int
+    """Pairs whose expert was not resident as routed (before promotions), the bench's miss accounting."""
+
+
+def offload_fractions(layers: int, experts: int, expert_bytes: int, offload_bytes: float) -> tuple[float, ...]:
+    """vLLM's first-come UVA offload: w13 (2/3 of an expert) then w2 (1/3), layer by layer (a copy of
+    ``benchmarks/learned/inputs.offload_order_fractions``, which imports torch through its package)."""
+    w13, w2 = 2 * expert_bytes * experts / 3, expert_bytes * experts / 3
+    done, out = 0.0, []
+    for _ in range(layers):
+        gpu = 0.0
+        for size in (w13, w2):
+            if done < offload_bytes:
+                done += size
+            else:
+                gpu += size
+        out.append(gpu / (w13 + w2))
+    return tuple(out)
+
+
+def _rows(trace: RoutingTrace, req: Request) -> tuple[np.ndarray, np.ndarray]:
+    """(prefill rows, decode rows): the bench's replay (``inputs.request_rows``, its clamp included)."""
+    start = int(trace.offsets[req.index])
+    length = int(trace.offsets[req.index + 1]) - start
+    pos = np.minimum(np.arange(req.prompt_len + req.gen - 1), length - 1)
+    return start + pos[: req.prompt_len], start + pos[req.prompt_len :]
+
+
+def batch_steps(trace: RoutingTrace, batch: Batch) -> Iterator[tuple[bool, bool, np.ndarray]]:
+    """(timed, decode, trace rows) per engine step: the prefill, then each decode step while any request runs."""
+    rows = [_rows(trace, q) for q in batch.requests]
+    yield False, False, np.concatenate([p for p, _ in rows])
+    full = min(len(d) for _, d in rows)
+    for s in range(max(len(d) for _, d in rows)):
+        live = np.array([d[s] for _, d in rows if s < len(d)])
+        yield 1 <= s < full - 1, True, live  # the bench times full-batch steps, not the first nor the last
+
+
+class _Layers:
+    """One batch's residency state for every layer under ``arm``."""
+
+    def __init__(self, arm: Arm, batch: Batch, layers: int, experts: int, slots: int):
+        self.arm = arm
+        self.resident = np.zeros((layers, experts), dtype=bool)
+        for l, ids in batch.sets.items():
+            self.resident[l, np.asarray(ids, dtype=np.int64)] = True
+        self.caches: list[LFRU] = []
+        if arm.kind == "cache":
+            r = arm.cache or CacheRule()
+            for l in range(layers):
+                start = np.flatnonzero(self.resident[l])
+                c = LFRU(slots, experts, start, r.decay, r.cap, r.hysteresis, dtype=np.float32)
+                c.count[start] = np.float32(r.prior_weight / (1.0 - r.decay))
+                self.caches.append(c)
+
+    def access(self, l: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(resident as routed, promoted this step) masks over ``experts``."""
+        if self.arm.kind == "cache":
+            res = self.caches[l].access(experts, np.zeros(len(experts)))
+            return res.hits, self.caches[l].resident[experts] & ~res.hits
+        return self.resident[l, experts], np.zeros(len(experts), dtype=bool)
+
+
+def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes: int, slots: int) -> list[Step]:
+    """Every engine step of ``batches`` under ``arm``, with its per-layer counts."""
+    L, E = trace.num_layers, trace.num_experts
+    out: list[Step] = []
+    reap = arm.kind in ("static", "cache")
+    for batch in batches:
+        state = _Layers(arm, batch, L, E, slots)
+        for timed, decode, rows in batch_steps(trace, batch):
+            tokens = len(rows)
+            c = StepCounts.zeros(L, tokens, cache=arm.kind == "cache", cpu_path=arm.cpu is not None and tokens <= arm.cpu.max_tokens,
+                                 reap=reap)
+            if arm.kind == "stock_offload":
+                c.resident, c.link = c.resident.astype(float), c.link.astype(float)
+            pairs = missed_pairs = 0
+            for l in range(L):
+                experts, per = np.unique(trace.ids[rows, l, :].astype(np.int64), return_counts=True)
+                pairs += int(per.sum())
+                if arm.kind == "stock_gpu":
+                    c.resident[l] = len(experts)
+                    continue
+                if arm.kind == "stock_offload":
+                    f = arm.gpu_fraction[l]
+                    c.resident[l], c.link[l] = f * len(experts), (1.0 - f) * len(experts)
+                    missed_pairs += int(round((1.0 - f) * per.sum()))
+                    continue
+                hit, promoted = state.access(l, experts)
+                missed_pairs += int(per[~hit].sum())
+                miss = ~hit & ~promoted
+                c.promoted[l] = int(promoted.sum())
+                c.resident[l] = int((hit | promoted).sum())
+                to_cpu = split_cpu(per[miss], arm.cpu, expert_bytes, tokens) if arm.cpu is not None else np.empty(0, dtype=np.int64)
+                c.cpu[l] = len(to_cpu)
+                c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
+                c.link[l] = int(miss.sum()) - len(to_cpu)
+            out.append(Step(timed, decode, c, pairs, missed_pairs))
+    return out

@@ -1,0 +1,247 @@
+"""The decode clock (planning/step_time.py), the arms' per-step counts (clock_arms), the H200 calibration
+and validation files, and ``reap-swap simulate --clock`` choosing by step time (all pure numpy, fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reap_swap.planning.clock_arms import Arm, Batch, CacheRule, Request, SplitRule, replay, split_cpu
+from reap_swap.planning.simulate import main as simulate_main, sweep_cap
+from reap_swap.planning.step_time import Clock, ClockError, StepCounts, load_clock, step_ms
+from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute, build, save
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+MB50 = 50_000_000  # one expert = 1 ms at 50 GB/s
+
+
+def _clock(**kw: object) -> Clock:
+    base = dict(base_ms=((1, 1.0), (8, 2.0)), hbm_GBps=1000.0, link_GBps=50.0, promote_GBps=50.0, cpu_GBps=25.0, host_dram_GBps=60.0)
+    return Clock(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _counts(link: int = 0, cpu: int = 0, resident: int = 0, promoted: int = 0, tokens: int = 1, **flags: bool) -> StepCounts:
+    c = StepCounts.zeros(1, tokens, reap=False, **flags)
+    c.link[0], c.cpu[0], c.resident[0], c.promoted[0] = link, cpu, resident, promoted
+    return c
+
+
+def test_base_interpolates_between_calibration_points() -> None:
+    clock = _clock()
+    assert clock.base(1) == 1.0 and clock.base(8) == 2.0 and clock.base(16) == 2.0
+    assert clock.base(4) == pytest.approx(1.0 + 3 / 7)
+
+
+def test_units_and_which_pipe_binds_by_hand() -> None:
+    clock = _clock()
+    b = step_ms(clock, _counts(link=2, resident=1), MB50)  # link 2 ms beats HBM 0.05 ms
+    assert (b.link, b.hidden_hbm, b.total) == (pytest.approx(2.0), 0.0, pytest.approx(3.0))
+    b = step_ms(clock, _counts(link=1, cpu=1), MB50)  # link 1, CPU 2, DRAM 100 MB / 60 GB/s = 1.67: the CPU binds
+    assert b.cpu == pytest.approx(2.0) and b.link == 0 and b.host_dram == 0
+    b = step_ms(clock, _counts(link=3, cpu=1), MB50)  # link 3, CPU 2, DRAM 200 / 60 = 3.33: the shared DRAM binds
+    assert b.host_dram == pytest.approx(200 / 60) and b.total == pytest.approx(1.0 + 200 / 60)
+    b = step_ms(clock, _counts(resident=100), MB50)  # nothing missed: the resident reads show
+    assert b.hidden_hbm == pytest.approx(5.0)
+    assert step_ms(clock, _counts(promoted=2), MB50).promote == pytest.approx(2.0)
+    assert step_ms(clock.replace(promote_overlap=0.5), _counts(promoted=2), MB50).promote == pytest.approx(1.0)
+    fixed = clock.replace(cpu_fixed_ms=0.5, cache_layer_ms=0.1, cpu_layer_ms=0.2, reap_step_ms=0.3)
+    b = step_ms(fixed, StepCounts.zeros(2, 1, cache=True, cpu_path=True), MB50)
+    assert b.fixed == pytest.approx(0.3 + 2 * (0.1 + 0.2)) and b.cpu == 0  # no CPU work: no pickup cost
+    with pytest.raises(ClockError):
+        _clock(link_GBps=0.0)
+    with pytest.raises(ClockError):
+        _clock(promote_overlap=1.5)
+
+
+def test_step_time_is_monotone_and_the_breakdown_sums() -> None:
+    clock = _clock(cpu_fixed_ms=0.05, cpu_pair_ms=0.01, cache_layer_ms=0.01)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        layers = 4
+        c = StepCounts.zeros(layers, int(rng.integers(1, 9)), cache=True)
+        for arr in (c.resident, c.link, c.cpu, c.cpu_pairs, c.promoted):
+            arr[:] = rng.integers(0, 6, layers)
+        b = step_ms(clock, c, MB50)
+        parts = b.as_dict()
+        assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
+        for name in ("link", "cpu", "promoted", "resident"):
+            more = StepCounts(c.tokens, c.resident.copy(), c.link.copy(), c.cpu.copy(), c.cpu_pairs.copy(), c.promoted.copy(), cache=True)
+            getattr(more, name)[int(rng.integers(layers))] += 1
+            assert step_ms(clock, more, MB50).total >= b.total - 1e-12
+        faster = clock.replace(link_GBps=100.0, cpu_GBps=50.0, host_dram_GBps=120.0, promote_GBps=100.0)
+        assert step_ms(faster, c, MB50).total <= b.total + 1e-12
+
+
+def test_clock_json_round_trip(tmp_path: Path) -> None:
+    clock = _clock(fitted=("base_ms",), provenance={"fit": {"base_ms": "x"}})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"clock": clock.to_json()}))
+    back = load_clock(path)
+    assert back == clock and back.provenance == clock.provenance and back.fitted == ("base_ms",)
+    with pytest.raises(ClockError):
+        load_clock(tmp_path / "missing.json")
+
+
+def test_h200_calibration_loads_and_every_measured_constant_names_its_file_and_key() -> None:
+    clock = load_clock(RESULTS / "step_time_h200.json")
+    assert clock.fitted == ("base_ms",) and "base_ms" in clock.provenance["fit"]
+    measured = clock.provenance["measured"]
+    for name in ("hbm_GBps", "link_GBps", "promote_GBps", "cpu_GBps", "host_dram_GBps", "cpu_fixed_ms", "cpu_pair_ms",
+                 "reap_step_ms", "cache_layer_ms", "cpu_layer_ms", "expert_bytes"):
+        assert name in measured, name
+        entry = measured[name]
+        data = json.loads((REPO / entry["file"]).read_text())
+        for part in entry["key"].split("."):
+            data = data[part]
+        assert data == entry["value"]
+    assert clock.link_GBps == measured["link_GBps"]["value"] and clock.hbm_GBps == measured["hbm_GBps"]["value"]
+    assert clock.expert_bytes == 9437184 and 0 < clock.base(1) < clock.base(8)
+
+
+def test_committed_validation_holds_every_reap_arm_within_ten_percent() -> None:
+    report = json.loads((RESULTS / "simulate_clock_h200.json").read_text())
+    assert report["clock"] == load_clock(RESULTS / "step_time_h200.json").to_json()
+    reap = [r for r in report["rows"] if r["arm"].startswith("reap")]
+    assert {r["batch"] for r in reap} == {1, 8} and len(reap) == 14
+    assert report["all_reap_within_10pct"] and all(abs(r["error_pct"]) <= 10.0 for r in reap)
+    assert report["fitted"] == {"constants": ["base_ms"], "on_arms": ["stock_gpu"]}
+
+
+# --- per-step counts on a hand-made trace --------------------------------------------------------------
+
+
+def _tiny() -> object:
+    """One request, 2 layers, 6 experts, top-2: prompt rows 0-1, decode rows 2-5 (see the hand counts below)."""
+    l0 = [[0, 1], [2, 3], [0, 4], [4, 5], [4, 0], [1, 2]]
+    ids = np.array([[row, [0, 1]] for row in l0], dtype=np.int64)  # layer 1 always routes 0, 1
+    phase = np.array([PREFILL] * 2 + [DECODE] * 4, dtype=np.uint8)
+    meta = {"model": {"path": "tiny"}, "moe_layers": [0, 1], "num_experts": 6, "top_k": 2, "expert_bytes": MB50}
+    return build(meta, [RequestRoute("r0", phase, ids, np.full(ids.shape, 0.5), {})])
+
+
+def _batch() -> list[Batch]:
+    # gen 5: the prefill makes the first token, decode steps s = 0..3 read rows 2..5; timed: s = 1, 2
+    return [Batch((Request(0, 2, 5),), {0: np.array([0, 1]), 1: np.array([0, 1])})]
+
+
+def test_static_arm_counts_by_hand() -> None:
+    steps = replay(_tiny(), _batch(), Arm("s", "static"), MB50, slots=2)  # type: ignore[arg-type]
+    assert [(s.timed, s.decode) for s in steps] == [(False, False), (False, True), (True, True), (True, True), (False, True)]
+    s1, s2 = steps[2].counts, steps[3].counts
+    assert list(s1.link) == [2, 0] and list(s1.resident) == [0, 2]  # row 3 routes 4, 5: both missed
+    assert list(s2.link) == [1, 0] and list(s2.resident) == [1, 2]  # row 4 routes 4, 0
+    dec = [s for s in steps if s.decode]
+    assert sum(s.missed_pairs for s in dec) == 5 and sum(s.pairs for s in dec) == 16
+
+
+def test_cache_arm_counts_by_hand() -> None:
+    """cap 1, decay 0.5, prior 2.0 on {0, 1}: row 2 promotes 4 (evicts 1), row 3 promotes 5 (evicts 0), row 4 promotes 0."""
+    arm = Arm("c", "cache", cache=CacheRule(cap=1, decay=0.5))
+    steps = replay(_tiny(), _batch(), arm, MB50, slots=2)  # type: ignore[arg-type]
+    assert steps[0].counts.promoted.sum() == 0  # prefill: no victim outside the routed set
+    for s in steps[1:4]:
+        assert list(s.counts.promoted) == [1, 0] and list(s.counts.link) == [0, 0] and s.counts.resident[0] == 2
+    last = steps[4].counts  # row 5 routes 1, 2, both missed: one promoted, one over the link
+    assert list(last.promoted) == [1, 0] and list(last.link) == [1, 0]
+    assert sum(s.missed_pairs for s in steps if s.decode) == 5  # as routed, before promotions
+    assert all(s.counts.cache and s.counts.reap for s in steps)
+
+
+def test_cpu_split_by_hand_and_on_the_arm() -> None:
+    rule = SplitRule(link_GBps=50.0, cpu_GBps=50.0, fixed_s=0.0, pair_s=0.0)
+    assert list(split_cpu(np.array([1, 1]), rule, MB50, 1)) == [0]  # 1 ms each side beats 2 ms on one
+    assert list(split_cpu(np.array([3, 1, 1, 2]), rule, MB50, 1)) == [1, 2]  # fewest missed pairs first, then id
+    assert len(split_cpu(np.array([1, 1]), SplitRule(50.0, 50.0, fixed_s=1.5e-3), MB50, 1)) == 0  # pickup too dear
+    assert len(split_cpu(np.array([1, 1]), rule, MB50, 9)) == 0  # more than max_tokens: all to the link
+    steps = replay(_tiny(), _batch(), Arm("sc", "static", cpu=rule), MB50, slots=2)  # type: ignore[arg-type]
+    s1 = steps[2].counts
+    assert (s1.cpu[0], s1.cpu_pairs[0], s1.link[0], s1.cpu_path) == (1, 1, 1, True)
+    assert steps[0].counts.cpu_path  # a 2-token prefill is a small step: the server's path takes it too
+    narrow = replay(_tiny(), _batch(), Arm("sc", "static", cpu=SplitRule(50.0, 50.0, 0.0, 0.0, max_tokens=1)), MB50, slots=2)  # type: ignore[arg-type]
+    assert narrow[0].counts.cpu.sum() == 0 and not narrow[0].counts.cpu_path and narrow[2].counts.cpu[0] == 1
+
+
+def test_split_matches_the_servers_plan_split() -> None:
+    torch = pytest.importorskip("torch")
+    from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
+
+    rng = np.random.default_rng(1)
+    cost = CostModel(link_GBps=50.0, cpu_GBps=65.0, cpu_fixed_s=25e-6, cpu_per_pair_s=1e-6, max_tokens=8)
+    rule = SplitRule(50.0, 65.0, 25e-6, 1e-6, 8)
+    for _ in range(50):
+        t, e = int(rng.integers(1, 9)), 32
+        ids = np.stack([rng.choice(e, 8, replace=False) for _ in range(t)])
+        resident = rng.random(e) < 0.3
+        missed = ~resident[ids]
+        res = plan_split(torch.from_numpy(ids), torch.from_numpy(missed), e, 9437184, cost)
+        experts, per = np.unique(ids[missed], return_counts=True)
+        mine = set(experts[split_cpu(per, rule, 9437184, t)].tolist())
+        assert mine == set(np.flatnonzero(res.cpu_experts.numpy()).tolist())
+
+
+# --- choosing by step time --------------------------------------------------------------------------
+
+
+def _drifting(requests: int = 6, experts: int = 16, k: int = 4, decode: int = 60, seed: int = 0) -> object:
+    rng = np.random.default_rng(seed)
+    routes = []
+    for r in range(requests):
+        ids = np.empty((8 + decode, 2, k), dtype=np.int64)
+        for layer in range(2):
+            pref = rng.dirichlet(np.full(experts, 0.3))
+            for t in range(8 + decode):
+                ids[t, layer] = rng.choice(experts, size=k, replace=False, p=pref)
+        phase = np.array([PREFILL] * 8 + [DECODE] * decode, dtype=np.uint8)
+        routes.append(RequestRoute(f"r{r}", phase, ids, np.full(ids.shape, 1.0 / k), {"split": "train" if r < 2 else "test"}))
+    return build({"model": {"path": "drift"}, "moe_layers": [0, 1], "num_experts": experts, "top_k": k, "expert_bytes": MB50}, routes)
+
+
+def test_step_time_picks_a_cheaper_cap_than_hit_rate_with_the_cpu_path() -> None:
+    """With a CPU twice the link, a promotion turns a miss computed beside the link into a serialized copy."""
+    clock = _clock(cpu_GBps=100.0, host_dram_GBps=1000.0)
+    sw = sweep_cap(_drifting(), 0.25, [0, 1, 2, 4], clock, "step_time", cpu_path=True)  # type: ignore[arg-type]
+    rows = {r["cap"]: r for r in sw["caps"]}
+    assert sw["chosen_by_hit_rate"] != 0 and rows[sw["chosen_by_hit_rate"]]["hit_rate_decode"] > rows[0]["hit_rate_decode"]
+    assert sw["chosen"] == sw["chosen_by_step_time"] != sw["chosen_by_hit_rate"]
+    assert rows[sw["chosen"]]["step_ms_decode"] < rows[sw["chosen_by_hit_rate"]]["step_ms_decode"]
+    link_only = sweep_cap(_drifting(), 0.25, [0, 1, 2, 4], clock, "hit_rate")  # type: ignore[arg-type]
+    # without the CPU a promotion costs what its miss would: both choices agree
+    assert link_only["chosen"] == link_only["chosen_by_hit_rate"] == link_only["chosen_by_step_time"] != 0
+
+
+def test_simulate_cli_with_the_clock(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = save(_drifting(), tmp_path / "t.npz")  # type: ignore[arg-type]
+    clock = tmp_path / "clock.json"
+    clock.write_text(json.dumps({"clock": _clock().to_json()}))
+    out = tmp_path / "sim.json"
+    assert simulate_main(["--trace", str(trace), "--policies", "static_topk,lfru_cap", "--clock", str(clock), "--cpu-path",
+                          "--sweep-cap", "0,2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["policies"]["lfru_cap"]["step_ms_decode"] > 0 and data["sweep"]["chosen"] in (0, 2)
+    assert "step ms (bs1)" in capsys.readouterr().out
+    for bad in (["--sweep-cap", "0,2"], ["--cpu-path"], ["--validate", str(tmp_path)], ["--clock", str(clock), "--sweep-cap", "x"]):
+        with pytest.raises(SystemExit):
+            simulate_main(["--trace", str(trace), *bad])
+    assert simulate_main(["--trace", str(trace), "--clock", str(tmp_path / "none.json")]) == 2
+
+
+def test_calibration_file_is_what_calibrate_builds_from_the_committed_results() -> None:
+    from reap_swap.planning.clock_validate import calibrate
+    from reap_swap.planning.traces import load
+
+    sets = json.loads((RESULTS / "learned_sets.json").read_text())
+    built = calibrate(load(REPO / "benchmarks" / "traces" / "learned128_t0.8.npz"), sets, RESULTS)
+    assert built.to_json() == load_clock(RESULTS / "step_time_h200.json").to_json()
+
+
+def test_committed_choices_part_ways_only_with_the_cpu_path() -> None:
+    choices = json.loads((RESULTS / "simulate_clock_h200.json").read_text())["choices"]
+    for c in choices:
+        if c["cpu_path"]:
+            assert c["chosen_by_step_time"] == 0 and c["chosen_by_hit_rate"] > 0 and c["step_time_speedup_over_hit_rate_choice"] > 1.1
+        else:
+            assert c["chosen_by_step_time"] == c["chosen_by_hit_rate"]
