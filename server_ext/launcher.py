@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"--online-cache: score decay per step, in (0, 1) (default {reap_config.DEFAULT_CACHE_DECAY})")
     p.add_argument("--online-cache-hysteresis", type=float, default=None,
                    help="--online-cache: promote only while candidate score > victim score + this (default: always)")
+    p.add_argument("--fast", action="store_true",
+                   help="the composed fast mode (CUDA): --online-cache lfru (unless another policy is given) with --cpu-experts; "
+                        "per small step the CPU split runs first and takes the coldest misses, the cache promotes from the "
+                        "link's share; pipe rates measured at start-up, shown in /reap/status (not token-identical: bf16 tolerance)")
     cpu = p.add_argument_group("CPU expert path (CUDA only, opt-in; outputs equal stock within bf16 tolerance, not token-identical)")
     cpu.add_argument("--cpu-experts", action="store_true",
                      help="the host CPU computes part of each small step's non-resident experts from the host rows while the GPU reads the rest")
@@ -209,6 +213,11 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
             if args.complement_spares < 1:
                 raise ServeError(f"--complement-spares must be >= 1, got {args.complement_spares}")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
+    if getattr(args, "fast", False):
+        if getattr(args, "ram_complement", False):
+            raise ServeError("--fast runs the CPU expert path, which reads every expert's host row in place; "
+                             "it cannot run with --ram-complement")
+        args = argparse.Namespace(**{**vars(args), "online_cache": args.online_cache or "lfru", "cpu_experts": True})
     _online_cache_env(args, env)
     _cpu_experts_env(args, env)
     # What every vLLM process will read: the REAP_* variables already set, overridden by our flags.

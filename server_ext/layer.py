@@ -10,10 +10,16 @@ it runs under torch.compile and CUDA graphs:
 1. one kernel maps logical expert ids to physical bank rows and writes each
    routed pair (hit or miss, gate weight) to this layer's rows of the routing
    arena, which the worker accumulates per request after the step;
-2. with the online cache on (``REAP_ONLINE_CACHE``), the promotion step
-   (``online_cache.py``): scores, up to C host -> slot copies, table update,
-   and the step's ids remapped once more from the updated table;
-3. the stock fused-MoE path runs unchanged on the remapped ids.
+2. with the CPU expert path on (``REAP_CPU_EXPERTS``) and a decode-sized step,
+   the split (``cpu_experts/``) gives the CPU its share of the misses and posts it
+   to the CPU team; with the online cache on too, the CPU takes the coldest
+   misses (lowest cache score) -- one decision per miss;
+3. with the online cache on (``REAP_ONLINE_CACHE``), the promotion step
+   (``online_cache.py``): scores, up to C host -> slot copies from the link's
+   share of the misses, table update, and the step's ids remapped once more
+   from the updated table (the CPU's pairs to the filler row);
+4. the stock fused-MoE path runs unchanged on the remapped ids; the CPU's
+   outputs are merged before its ``moe_sum``.
 
 Hits and misses are captured in step 1, as routed, before any promotion.
 """
@@ -248,14 +254,18 @@ class ResidentRoutedExperts(RoutedExperts):
             phys = remap_and_capture(
                 topk_ids, topk_weights, self.reap_phys_map, self.reap_host_offset, self.reap_codes, self.reap_weights
             )
-            cache = self.reap_cache
-            if cache is not None and topk_ids.shape[0] > 0:
-                arena = self.reap_arena
-                rows = [p.data for p in self.reap_bank.params.values()]
-                phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
-            cpu = self.reap_cpu_path
+            cache, cpu, arena = self.reap_cache, self.reap_cpu_path, self.reap_arena
             if cpu is not None and cpu.takes(int(topk_ids.shape[0])):
-                phys = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset, self.reap_arena.valid_rows)
+                # One decision per miss (composed mode): the split runs first and gives the CPU the coldest
+                # misses (lowest cache score); the cache then promotes only from the link's share, whose bytes
+                # cross the link anyway, and the CPU's pairs read the filler row.
+                gpu_ids = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset, arena.valid_rows,
+                                             priority=cache.score if cache is not None else None)
+                if cache is not None:
+                    rows = [p.data for p in self.reap_bank.params.values()]
+                    gpu_ids = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap],
+                                         cpu_pairs=cpu.pending_pairs, filler=cpu.filler_row)
+                phys = gpu_ids
                 try:
                     out = super().forward_modular(x=x, topk_weights=topk_weights, topk_ids=phys, shared_experts=shared_experts,
                                                   shared_experts_input=shared_experts_input)
@@ -264,6 +274,9 @@ class ResidentRoutedExperts(RoutedExperts):
                 if not merged:
                     raise RuntimeError(f"layer {self.reap_layer_id}: vLLM's moe_sum was not called, the CPU experts' outputs would be lost")
                 return out
+            if cache is not None and topk_ids.shape[0] > 0:
+                rows = [p.data for p in self.reap_bank.params.values()]
+                phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
             topk_ids = phys
         return super().forward_modular(
             x=x,

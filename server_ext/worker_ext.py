@@ -205,6 +205,7 @@ class WorkerResidency:
             "complement": self.complement(),
             "online_cache": self.online_cache(),
             "cpu_path": self.cpu_path(),
+            "mode": self.mode(),
         }
 
     def cpu_path(self) -> dict[str, Any]:
@@ -213,7 +214,24 @@ class WorkerResidency:
         if not self.cpu_paths:
             return {"enabled": False}
         totals = torch.stack([p.counters for p in self.cpu_paths.values()]).sum(0).tolist()  # one read-back, not one per layer
-        return {"enabled": True, "layers": len(self.cpu_paths), **dict(zip(CPU_PATH_COUNTERS, totals))}
+        first = next(iter(self.cpu_paths.values()))
+        cost = first.cost
+        return {"enabled": True, "layers": len(self.cpu_paths), **dict(zip(CPU_PATH_COUNTERS, totals)),
+                # what the split decides by: rates measured at start-up unless the user set them
+                "measured": dict(first.measured),
+                "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "max_tokens": cost.max_tokens},
+                "composed_with_online_cache": bool(self.caches)}
+
+    def mode(self) -> str:
+        """The forward's residency mode, in words (``/reap/status``)."""
+        if self.caches and self.cpu_paths:
+            return ("fast: the CPU split runs first and takes the coldest misses by the online cache's scores; "
+                    "the cache promotes from the link's share")
+        if self.cpu_paths:
+            return "CPU expert path over the static set"
+        if self.caches:
+            return "online cache"
+        return "static set (swaps between requests)"
 
     def check_cpu_timeouts(self) -> list[int]:
         """Layers whose merge gave up waiting for the CPU team since the last check (mapped flags, no

@@ -16,7 +16,9 @@ COMPLEMENT_CASES = [(16, 5, 2, None, torch.int32, 2), (128, 38, 4, 0.5, torch.in
 """(..., spares): RAM-complement mode; the start set fills all but ``spares`` slots so the bank fits."""
 
 
-def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, spares: int | None = None, steps: int = 60) -> int:
+def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, spares: int | None = None, steps: int = 60,
+          cpu: bool = False) -> int:
+    """``cpu``: the composed mode -- some missed pairs go to the CPU first (per expert, as the split gives them)."""
     from tests.test_online_cache_complement import RamLayer
 
     rng = np.random.default_rng(e + cap)
@@ -34,8 +36,17 @@ def check(e: int, s: int, cap: int, hyst: float | None, ids_dtype: torch.dtype, 
         ids = torch.tensor(np.stack([rng.permutation(hot)[:4] for _ in range(t)]), dtype=ids_dtype)
         vr = torch.tensor([int(rng.integers(1, t + 1))], dtype=torch.int32) if step % 3 else None
         ta, tb = torch.full((cap,), 9, dtype=torch.int32), torch.full((cap,), 9, dtype=torch.int32)
-        oa = a.cache.step(ids, a.rows, vr, ta)
-        ob = b.cache.step_fused(ids, b.rows, vr, tb)
+        pairs = None
+        if cpu:
+            missed = a.cache.phys_map[ids.long()] >= a.cache.host_row_offset
+            taken = torch.tensor(rng.random(e) < 0.5)[ids.long()]  # per expert
+            real = torch.arange(t).view(-1, 1) < (vr if vr is not None else t)
+            pairs = (missed & taken & real).contiguous()
+        oa = a.cache.step(ids, a.rows, vr, ta, cpu_pairs=pairs, filler=s)
+        ob = b.cache.step_fused(ids, b.rows, vr, tb, cpu_pairs=pairs, filler=s)
+        if pairs is not None:
+            assert (oa[pairs] == s).all() and not (a.cache.phys_map[ids.long()][pairs] < a.cache.host_row_offset).any(), \
+                "a CPU pair's expert was promoted or its pair not sent to the filler row"
         where = f"case {(e, s, cap, hyst)} step {step}"
         assert ob.dtype == ids_dtype and torch.equal(oa, ob), where
         assert torch.equal(ta, tb), f"{where}: trigger rows {ta.tolist()} vs {tb.tolist()}"
@@ -64,8 +75,10 @@ def main() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     untaken_pair_after_an_eviction()
     promoted = [check(*case) for case in CASES + COMPLEMENT_CASES]
-    assert all(p > 3 for p in promoted), promoted
-    print(f"fused == core: {len(CASES)} full-copy and {len(COMPLEMENT_CASES)} RAM-complement cases, promotions {promoted}")
+    composed = [check(*case, cpu=True) for case in CASES] + [check(*case, cpu=True) for case in COMPLEMENT_CASES]
+    assert all(p > 3 for p in promoted + composed), (promoted, composed)
+    print(f"fused == core: {len(CASES)} full-copy and {len(COMPLEMENT_CASES)} RAM-complement cases, promotions {promoted}; "
+          f"composed with the CPU split: promotions {composed}")
 
 
 if __name__ == "__main__":

@@ -16,13 +16,13 @@ from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, R
 
 
 def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None,
-          device_seq: bool = False) -> int:
+          device_seq: bool = False, prio: torch.Tensor | None = None) -> int:
     t, k = ids.shape
     valid = t if valid is None else valid
     phys = torch.where(resident[ids], ids % 3, ids + host_offset)
     w = torch.rand(t, k, dtype=torch.float32)
     real = (torch.arange(t) < valid).view(-1, 1)
-    want = plan_split(ids, (phys >= host_offset) & real, e, expert_bytes, cost)  # plan_split: padding rows are never missed
+    want = plan_split(ids, (phys >= host_offset) & real, e, expert_bytes, cost, priority=prio)  # padding rows are never missed
     b = expert_bytes
     cost_t = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
                            cost.cpu_per_pair_s], dtype=torch.float64)
@@ -40,7 +40,7 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
         mailbox[0] = -7  # stale on purpose: the post must take the device's count
     post = Post(x, staged_x, mailbox, expected, 0xABC0 + t, posted if device_seq else None)
     split_and_stage(ids, phys, w, cost_t, torch.tensor([valid], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs, st_ids, st_mask,
-                    st_w, counters, post)
+                    st_w, counters, post, priority=prio)
     if int(want.n_cpu) > 0:  # posted: the job's address in the ring, then the next sequence number
         assert int(mailbox[0]) == seq0 + 1 and int(expected) == seq0 + 1 and torch.equal(staged_x, x)
         assert int(mailbox[16 + (seq0 + 1) % 64]) == 0xABC0 + t
@@ -71,6 +71,19 @@ def main() -> None:
                 valid = int(torch.randint(0, t + 1, (1,), generator=g)) if t > 1 else None  # captured-graph padding
                 nonzero += check(ids, resident, cost, 9_437_184, e, 64, valid, device_seq=cases % 2 == 1) > 0
                 cases += 1
+    # the composed mode: the cache's scores order the CPU's candidates (lowest first); whole-number
+    # scores make ties, which fall back to (missed pairs, id)
+    for e, k in ((16, 4), (128, 8)):
+        for t in (1, 4):
+            for tie in (False, True):
+                for _ in range(8):
+                    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+                    resident = torch.rand(e, generator=g) < 0.3
+                    prio = torch.rand(e, generator=g) * 10
+                    prio = prio.floor() if tie else prio
+                    cost = CostModel(link_GBps=50, cpu_GBps=float(torch.empty(1).uniform_(20, 120, generator=g)))
+                    nonzero += check(ids, resident, cost, 9_437_184, e, 256, None, prio=prio) > 0
+                    cases += 1
     # exact ties: equal pipes, no overheads (the torch tests' cases)
     for m in range(1, 9):
         ids = torch.arange(m).view(1, m)

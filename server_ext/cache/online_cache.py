@@ -135,11 +135,14 @@ class LayerCache:
         self.steps.add_(1)
         return ind > 0
 
-    def select(self, routed: torch.Tensor) -> Pairs:
-        """Candidates, victims and their pairing, from the updated scores (no state changes)."""
+    def select(self, routed: torch.Tensor, on_cpu: torch.Tensor | None = None) -> Pairs:
+        """Candidates, victims and their pairing, from the updated scores (no state changes).
+
+        ``on_cpu`` [E] bool (composed mode): experts the CPU computes this step; never candidates."""
         s, c = self.num_slots, self.cap
         resident = self.phys_map < self.host_row_offset
-        cand_key = torch.where(routed & ~resident, self.score, NEG_INF)
+        wanted = routed & ~resident if on_cpu is None else routed & ~resident & ~on_cpu
+        cand_key = torch.where(wanted, self.score, NEG_INF)
         cv, ci = torch.sort(cand_key, descending=True, stable=True)
         cv, ci = cv[:c], ci[:c]
         free_key = self._free_key[(self.expert_in_slot >= 0).to(torch.int64)]  # -inf free, +inf taken
@@ -200,20 +203,30 @@ class LayerCache:
         valid_rows: torch.Tensor | None = None,
         trigger_out: torch.Tensor | None = None,
         copy: CopyFn = copy_rows,
+        cpu_pairs: torch.Tensor | None = None,
+        filler: int = 0,
     ) -> torch.Tensor:
         """Run one step and return ``ids`` remapped to physical rows after the promotions.
 
-        ``rows``: the bank tensors of every per-expert parameter ([H + E, ...]).
+        ``rows``: the bank tensors of every per-expert parameter ([H + E, ...]). ``cpu_pairs``
+        [T, K] bool (composed mode, the CPU split ran first): those pairs' experts are not promoted
+        and the pairs remap to ``filler`` (a slot row the fused kernel may read; the merge replaces
+        its output).
         """
         if self.fused:
-            return self.step_fused(ids, rows, valid_rows, trigger_out, copy)
+            return self.step_fused(ids, rows, valid_rows, trigger_out, copy, cpu_pairs, filler)
         routed = self.observe(ids, valid_rows)
-        pairs = self.select(routed)
+        on_cpu = None
+        if cpu_pairs is not None:
+            flat = torch.where(cpu_pairs.reshape(-1), ids.reshape(-1).to(torch.int64), self.num_experts)
+            on_cpu = torch.zeros(self.num_experts + 1, dtype=torch.bool, device=ids.device).index_fill_(0, flat, True)[: self.num_experts]
+        pairs = self.select(routed, on_cpu)
         self._move_rows(rows, pairs.valid, pairs.victim >= 0, pairs.src, pairs.slot, pairs.dst, copy)
         self.commit(pairs)  # after the copy, same stream: the fused kernel reads the landed slot
         if trigger_out is not None:
             trigger_out.copy_(self.trigger_rows(ids, pairs))
-        return self.phys_map.index_select(0, ids.reshape(-1)).view(ids.shape).to(ids.dtype)
+        out = self.phys_map.index_select(0, ids.reshape(-1)).view(ids.shape).to(ids.dtype)
+        return out if cpu_pairs is None else torch.where(cpu_pairs, torch.full_like(out, filler), out)
 
     def step_fused(
         self,
@@ -222,6 +235,8 @@ class LayerCache:
         valid_rows: torch.Tensor | None = None,
         trigger_out: torch.Tensor | None = None,
         copy: CopyFn = copy_rows,
+        cpu_pairs: torch.Tensor | None = None,
+        filler: int = 0,
     ) -> torch.Tensor:
         """``step`` as one Triton program, then the copy. The program publishes the table before
         the copy runs; no reader sits between them (the fused MoE kernel comes after both)."""
@@ -239,10 +254,10 @@ class LayerCache:
             ids, out, t * k, valid_rows if valid_rows is not None else self.counts, self.score, self.phys_map, self.expert_in_slot,
             self.protected.view(torch.uint8), self.row_owner, valid, cand, slot, victim, src, dst, evict,
             trigger_out if trigger_out is not None else self.counts,
-            self.counts, self.params.decay, self._hyst, self.host_row_offset, self.num_experts, self.num_slots, self.num_rows,
-            K=k, C=c, BLOCK_E=block_e, BLOCK_S=triton_next_pow2(self.num_slots), BLOCK_R=triton_next_pow2(max(1, self.num_rows)),
+            self.counts, cpu_pairs.view(torch.uint8) if cpu_pairs is not None else self.counts, self.params.decay, self._hyst,
+            self.host_row_offset, self.num_experts, self.num_slots, self.num_rows, filler, K=k, C=c, BLOCK_E=block_e, BLOCK_S=triton_next_pow2(self.num_slots), BLOCK_R=triton_next_pow2(max(1, self.num_rows)),
             BLOCK_T=max(16, 8192 // block_e), HAS_VALID=valid_rows is not None, HAS_TRIG=trigger_out is not None,
-            COMPLEMENT=self.complement, num_warps=4, enable_fp_fusion=False,
+            COMPLEMENT=self.complement, HAS_CPU=cpu_pairs is not None, num_warps=4, enable_fp_fusion=False,
         )
         self._move_rows(rows, valid.view(torch.bool), evict.view(torch.bool), src, slot, dst, copy)
         return out

@@ -2,11 +2,13 @@
 
 Why: the torch core is ~70 tiny kernels per layer per step; at 48 layers that is
 thousands of graph nodes per decode step. This program does observe + select +
-commit (host-row rotation too, in RAM-complement mode) + trigger rows + the final remap in one launch (E, S and C fit one
-program: E <= 1024). Kept bit-identical to the torch core: the score update runs
-with floating-point contraction off (``enable_fp_fusion=False``), selections
-break ties to the lower index as the core's stable sorts do. CI runs it under
-``TRITON_INTERPRET=1`` against the core.
+commit (host-row rotation too, in RAM-complement mode) + trigger rows + the final
+remap in one launch (E, S and C fit one program: E <= 1024). Composed with the
+CPU path (``HAS_CPU``), the experts the split gave the CPU are no candidates and
+their pairs remap to the filler row. Kept bit-identical to the torch core: the
+score update runs with floating-point contraction off (``enable_fp_fusion=False``),
+selections break ties to the lower index as the core's stable sorts do. CI runs it
+under ``TRITON_INTERPRET=1`` against the core.
 
 Imported only where Triton is used; wrapped with ``triton.jit`` on first use.
 """
@@ -23,9 +25,9 @@ import triton.language as tl
 def _policy_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, out_ptr, n_elem, valid_ptr, score_ptr, pm_ptr, owners_ptr, prot_ptr, rowown_ptr,
     pair_valid_ptr, pair_cand_ptr, pair_slot_ptr, pair_victim_ptr, pair_src_ptr, pair_dst_ptr, pair_evict_ptr, trig_ptr, counts_ptr,
-    decay, hyst, host_row_offset, num_experts, num_slots, num_rows,
+    cpu_ptr, decay, hyst, host_row_offset, num_experts, num_slots, num_rows, filler,
     K: tl.constexpr, C: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-    HAS_VALID: tl.constexpr, HAS_TRIG: tl.constexpr, COMPLEMENT: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_TRIG: tl.constexpr, COMPLEMENT: tl.constexpr, HAS_CPU: tl.constexpr,
 ):
     big = 1 << 30
     ninf = float("-inf")
@@ -37,8 +39,9 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
     n_rows = n_elem // K
     if HAS_VALID:
         n_rows = tl.minimum(tl.load(valid_ptr), n_rows)
-    # 1. routed indicator and the first real row routing each expert
+    # 1. routed indicator and the first real row routing each expert; the CPU's experts of the step (composed mode)
     first = tl.full([BLOCK_E], big, tl.int32)
+    on_cpu = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, n_elem, BLOCK_T):
         offs = start + tl.arange(0, BLOCK_T)
         row = (offs // K).to(tl.int32)
@@ -46,6 +49,9 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
         x = tl.load(ids_ptr + offs, mask=m, other=-1).to(tl.int32)
         hit = (x[None, :] == e_r[:, None]) & m[None, :]
         first = tl.minimum(first, tl.min(tl.where(hit, row[None, :], big), axis=1))
+        if HAS_CPU:
+            xc = tl.load(cpu_ptr + offs, mask=m, other=0) != 0
+            on_cpu += tl.sum((hit & xc[None, :]).to(tl.int32), axis=1)
     routed = first < big
     # 2. scores (fp contraction is off at launch: mul, then add, as the core rounds)
     s = tl.load(score_ptr + e_r, mask=emask, other=0.0)
@@ -55,7 +61,7 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
     pm = tl.load(pm_ptr + e_r, mask=emask, other=0)
     resident = pm < host_row_offset
     prot = tl.load(prot_ptr + e_r, mask=emask, other=1) != 0
-    ckey = tl.where(routed & ~resident & emask, s, ninf)
+    ckey = tl.where(routed & ~resident & (on_cpu == 0) & emask, s, ninf)
     ekey = tl.where(resident & ~routed & ~prot & emask, s, pinf)
     own = tl.load(owners_ptr + s_r, mask=smask, other=0)
     free = (own < 0) & smask
@@ -122,7 +128,10 @@ def _policy_kernel(  # type: ignore[no-untyped-def]
         offs = start + tl.arange(0, BLOCK_T)
         m = offs < n_elem
         x = tl.load(ids_ptr + offs, mask=m, other=0)
-        tl.store(out_ptr + offs, tl.load(pm_ptr + x, mask=m, other=0).to(out_ptr.dtype.element_ty), mask=m)
+        v = tl.load(pm_ptr + x, mask=m, other=0)
+        if HAS_CPU:  # the CPU's pairs read the filler row (HBM): their experts' bytes never cross the link
+            v = tl.where(tl.load(cpu_ptr + offs, mask=m, other=0) != 0, filler, v)
+        tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @functools.lru_cache(maxsize=2)

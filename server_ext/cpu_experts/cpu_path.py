@@ -1,8 +1,9 @@
 """The CPU expert path of one MoE layer (issue 16): split, stage, host compute, merge.
 
 Per small step (at most ``max_tokens`` tokens; prefill keeps the plain path), after the step's ids
-are remapped (and, with the online cache, after its promotions -- a miss is promoted, read over
-the link, or computed on the CPU: one decision each):
+are remapped and before the online cache's promotions (composed mode: the CPU takes the coldest
+misses by the cache's scores, the cache promotes from the link's share -- a miss is promoted, read
+over the link, or computed on the CPU: one decision each):
 
 1. the split on the device chooses which missed experts the CPU computes so that the link's and
    the CPU's shares finish together (cost model from measured rates);
@@ -135,11 +136,13 @@ class LayerCpuPath:
         return 0 < num_tokens <= self.settings.max_tokens
 
     def before_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, phys: torch.Tensor,
-                       host_offset: int, valid_rows: torch.Tensor | None = None) -> torch.Tensor:
+                       host_offset: int, valid_rows: torch.Tensor | None = None, priority: torch.Tensor | None = None) -> torch.Tensor:
         """Split, stage and launch the CPU share of this step; the ids the GPU kernel should use.
 
         ``valid_rows`` [1] int32 (device): the step's real token rows, the rest being a captured
-        graph's padding, which never goes to the CPU (None: every row is real).
+        graph's padding, which never goes to the CPU (None: every row is real). ``priority`` [E]
+        float32 (composed mode: the online cache's scores): the CPU takes the coldest misses.
+        The step's CPU pairs are ``pending_pairs`` until the merge.
         """
         job = self.step_job
         if valid_rows is None:
@@ -154,11 +157,11 @@ class LayerCpuPath:
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
                             self.bank.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
-                            post)
+                            post, priority=priority)
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
-            split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost)
+            split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost, priority=priority)
             self.counters[:4].add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
                                             missed.sum(), split.cpu_pairs.sum()]))
             t = job.stage(x, topk_ids, topk_weights, split.cpu_pairs)
@@ -167,6 +170,11 @@ class LayerCpuPath:
             job.run(t)
         self._pending = cpu_pairs
         return gpu_ids
+
+    @property
+    def pending_pairs(self) -> torch.Tensor | None:
+        """[T, K] bool: the CPU's pairs of the step split last, until its merge (None: none pending)."""
+        return self._pending
 
     def merge(self, per_k: torch.Tensor) -> torch.Tensor:
         """The fused kernel's per-k cache with this step's CPU outputs in place (no-op without a pending step)."""

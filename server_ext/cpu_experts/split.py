@@ -17,7 +17,9 @@ reduces to choosing ``n``; every ``n`` is scanned (exact optimum of the model, n
 rules, all exact: (1) among equal step times the smallest ``n`` wins (the stock path is the
 default; fewer outputs differ from the GPU's arithmetic); (2) for a given ``n`` the CPU takes the
 experts with the fewest missed pairs (cheapest CPU work, fewest hidden states to ship), then the
-lowest expert id. Experts in ``forced_link`` (e.g. being promoted to a GPU slot this step: their
+lowest expert id. With ``priority`` (the online cache's scores, in the composed mode) the CPU takes
+the lowest-priority experts first and (2) breaks ties among equal priorities: the link keeps the
+misses worth promoting, the CPU computes the cold ones, whose slot would be wasted. Experts in ``forced_link`` (e.g. being promoted to a GPU slot this step: their
 bytes cross the link anyway) always stay on the link side. Steps with more than
 ``max_tokens`` tokens (prefill) send everything to the link: the CPU pipe does not scale with
 tokens, the GPU does.
@@ -109,12 +111,14 @@ def plan_split(
     *,
     forced_link: torch.Tensor | None = None,
     num_tokens: int | torch.Tensor | None = None,
+    priority: torch.Tensor | None = None,
 ) -> SplitResult:
     """Split one layer step's missed experts between link and CPU (see module doc).
 
     ``topk_ids`` [T, K] routed experts; ``missed`` [T, K] bool, True where the pair's expert is not
     resident (padding rows of a captured graph must be False); ``forced_link`` [E] bool;
-    ``num_tokens`` the real token count when ``T`` is padded (a 0-d tensor keeps it graph-safe).
+    ``num_tokens`` the real token count when ``T`` is padded (a 0-d tensor keeps it graph-safe);
+    ``priority`` [E] float: the CPU takes low priorities first (ties: rule (2)).
     """
     if topk_ids.shape != missed.shape or topk_ids.dim() != 2:
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and missed {tuple(missed.shape)} must both be [T, K]")
@@ -134,7 +138,12 @@ def plan_split(
     # Tie rule (2): CPU candidates ordered by (missed pairs, expert id); keys are unique.
     big = (topk_ids.numel() + 2) * num_experts
     key = torch.where(eligible, pairs * num_experts + e_idx, torch.full_like(pairs, big) + e_idx)
-    order = torch.argsort(key)
+    if priority is None:
+        order = torch.argsort(key)
+    else:  # (priority, key): a stable sort by key, then a stable sort by priority (ineligible last)
+        by_key = torch.argsort(key)
+        prio = torch.where(eligible, priority.to(device=dev, dtype=torch.float32), float("inf"))[by_key]
+        order = by_key[torch.sort(prio, stable=True).indices]
     rank = torch.empty_like(order).scatter_(0, order, e_idx)
     sorted_pairs = torch.where(eligible[order], pairs[order], torch.zeros_like(pairs))
     prefix_pairs = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(sorted_pairs, 0)])

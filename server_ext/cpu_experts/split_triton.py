@@ -53,9 +53,9 @@ WAIT_LIMIT = WAIT_POLLS  # past it a step counts as timed out (one constant with
 
 def _split_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
-    x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, posted_ptr, job_address,
+    x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, posted_ptr, job_address, prio_ptr,
     n_pairs, top_k, host_offset, filler, E, n_x, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr, SEQ_ON_DEVICE: tl.constexpr,
+    BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr, SEQ_ON_DEVICE: tl.constexpr, HAS_PRIO: tl.constexpr,
 ):
     # Pair space: a step routes to at most n_pairs distinct experts, so every table is [P, P] or
     # [N, P] (N <= P + 1), not [E, E] -- at E = 128, batch 1 that is 64 compares instead of 16K.
@@ -72,7 +72,11 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     first = elig & (tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1) == 0)  # one pair stands for its expert
     m = tl.sum(first.to(tl.int32), axis=0)
     key = pairs * E + ids  # CPU candidates by (missed pairs, id): unique per expert
-    rank = tl.sum((first[None, :] & (key[None, :] < key[:, None])).to(tl.int32), axis=1)
+    before = key[None, :] < key[:, None]
+    if HAS_PRIO:  # the composed mode: lowest cache score first, then (missed pairs, id)
+        pr = tl.load(prio_ptr + ids, mask=elig, other=0.0).to(tl.float32)
+        before = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & before)
+    rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
     n = tl.arange(0, BLOCK_N)
     prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & first[None, :], pairs[None, :], 0), axis=1)
     link_per = tl.load(cost_ptr + 0)
@@ -196,13 +200,15 @@ def split_and_stage(
     topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, valid_rows: torch.Tensor,
     host_offset: int, filler: int, num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor,
     st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
-    post: "Post | None" = None, *, num_warps: int = SPLIT_WARPS, block_x: int = SPLIT_BLOCK_X,
+    post: "Post | None" = None, *, priority: torch.Tensor | None = None, num_warps: int = SPLIT_WARPS,
+    block_x: int = SPLIT_BLOCK_X,
 ) -> None:
     """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
 
     ``valid_rows`` [1] int32 on the device: the step's real token rows; padding rows never count as
     misses (the CPU computes nothing for them, the GPU keeps their ids). With ``post``, a step that
     gave the CPU any pair also stages ``post.x`` and posts ``post.job_address`` to the team.
+    ``priority`` [E] float32 (the online cache's scores): the CPU takes the lowest first (``plan_split``'s rule).
     """
     n_pairs = topk_ids.numel()
     if block_x < 16 or block_x & (block_x - 1):
@@ -213,10 +219,11 @@ def split_and_stage(
     posted = p.expected if p.posted is None else p.posted  # without a device seq the kernel never touches posted_ptr
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
-        p.x, p.staged_x, p.mailbox, p.expected, posted, p.job_address,
+        p.x, p.staged_x, p.mailbox, p.expected, posted, p.job_address, priority if priority is not None else cost,
         n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(),
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(min(n_pairs, num_experts) + 1),
-        BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None, num_warps=num_warps,
+        BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None,
+        HAS_PRIO=priority is not None, num_warps=num_warps,
     )
 
 
