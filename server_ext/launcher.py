@@ -117,8 +117,6 @@ def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
 
     knobs = {"cpu_experts_cpus": "REAP_CPU_EXPERT_CPUS", "cpu_experts_link_gbps": cpu_path.ENV_LINK_GBPS,
              "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS}
-    if getattr(args, "ram_complement", False):
-        raise ServeError("--cpu-experts reads every expert's host row in place; it cannot run with --ram-complement")
     env[cpu_path.ENV_CPU_EXPERTS] = "1"
     for name, var in knobs.items():
         if given[name] is not None:
@@ -214,9 +212,6 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
                 raise ServeError(f"--complement-spares must be >= 1, got {args.complement_spares}")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
     if getattr(args, "fast", False):
-        if getattr(args, "ram_complement", False):
-            raise ServeError("--fast runs the CPU expert path, which reads every expert's host row in place; "
-                             "it cannot run with --ram-complement")
         args = argparse.Namespace(**{**vars(args), "online_cache": args.online_cache or "lfru", "cpu_experts": True})
     _online_cache_env(args, env)
     _cpu_experts_env(args, env)

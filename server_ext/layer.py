@@ -191,8 +191,6 @@ class ResidentRoutedExperts(RoutedExperts):
     def _check_cpu_path_allowed(self, cfg: reap_config.ResidencyConfig, device: torch.device) -> None:
         if device.type != "cuda":
             raise CpuPathConfigError("REAP_CPU_EXPERTS needs a CUDA device (on a CPU-only server the CPU computes every expert already)")
-        if cfg.ram_complement:
-            raise CpuPathConfigError("REAP_CPU_EXPERTS reads every expert's host row in place; it cannot run with REAP_RAM_COMPLEMENT")
         if self.reap_slots < 1:
             raise CpuPathConfigError("REAP_CPU_EXPERTS needs at least one resident slot per layer")
 
@@ -216,7 +214,8 @@ class ResidentRoutedExperts(RoutedExperts):
         if unsupported:
             raise CpuPathConfigError(f"REAP_CPU_EXPERTS: layer {self.reap_layer_id} has {', '.join(unsupported)}, which the CPU expert kernel does not compute")
         w13, w2 = (bank.params[n].data for n in ("w13_weight", "w2_weight"))
-        rows = BankRows(w13, w2, bank.table.host_row_offset, bank.num_experts)
+        # the CPU reads the host rows the routing table points at (RAM complement: fewer rows than experts)
+        rows = BankRows(w13, w2, bank.table.host_row_offset, bank.host_rows)
         # A padding row of the slot region (zeros) if there is one, else slot 0: HBM either way.
         filler = bank.num_slots if bank.table.host_row_offset > bank.num_slots else 0
         rank, world = local_ranks()
@@ -224,7 +223,7 @@ class ResidentRoutedExperts(RoutedExperts):
         rates = _MEASURED_RATES.get(key)
         probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0)
         path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(local_rank=rank, local_world=world), device,
-                            MappedStaging(device))
+                            MappedStaging(device), num_experts=bank.num_experts)
         if rates is None:
             rates = (measure_link_GBps(w13[bank.table.host_row_offset:]), measure_cpu_GBps(path))
             _MEASURED_RATES[key] = rates

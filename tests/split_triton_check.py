@@ -19,7 +19,9 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
           device_seq: bool = False, prio: torch.Tensor | None = None) -> int:
     t, k = ids.shape
     valid = t if valid is None else valid
-    phys = torch.where(resident[ids], ids % 3, ids + host_offset)
+    # host rows permuted (RAM complement: a missed expert's row is where the table points, not its id)
+    rows = torch.randperm(e) if prio is not None else torch.arange(e)
+    phys = torch.where(resident[ids], ids % 3, rows[ids] + host_offset)
     w = torch.rand(t, k, dtype=torch.float32)
     real = (torch.arange(t) < valid).view(-1, 1)
     want = plan_split(ids, (phys >= host_offset) & real, e, expert_bytes, cost, priority=prio)  # padding rows are never missed
@@ -50,7 +52,7 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
         assert int(posted) == (seq0 if device_seq else -5)
     assert torch.equal(cpu_pairs, want.cpu_pairs), (ids, want.cpu_pairs, cpu_pairs)
     assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
-    assert torch.equal(st_ids, ids.to(torch.int32)) and torch.equal(st_mask, want.cpu_pairs.to(torch.uint8)) and torch.equal(st_w, w)
+    assert torch.equal(st_ids, torch.where(want.cpu_pairs, phys - host_offset, ids).to(torch.int32)) and torch.equal(st_mask, want.cpu_pairs.to(torch.uint8)) and torch.equal(st_w, w)
     missed = (phys >= host_offset) & real
     expect = torch.tensor([int((want.cpu_experts | want.link_experts).sum()), int(want.n_cpu), int(missed.sum()), int(want.cpu_pairs.sum())]) + 5
     assert torch.equal(counters, expect), (counters, expect)

@@ -121,5 +121,55 @@ def test_serve_fast_turns_on_the_cache_and_the_cpu_path(tiny_model_dir, monkeypa
     tuned = env("--fast", "--online-cache-cap", "2", "--cpu-experts-cpus", "2-5")
     assert tuned[reap_config.ENV_CACHE_CAP] == "2" and tuned["REAP_CPU_EXPERT_CPUS"] == "2-5"
     assert reap_config.ENV_ONLINE_CACHE not in env() and cp.ENV_CPU_EXPERTS not in env()
-    with pytest.raises(ServeError, match="--fast .* cannot run with --ram-complement"):
-        env("--fast", "--ram-complement")
+    assert env("--fast", "--ram-complement")[reap_config.ENV_COMPLEMENT] == "1"
+    with pytest.raises(ServeError, match="--online-cache-.* need --online-cache"):
+        env("--online-cache-cap", "2")
+
+
+@needs_native
+def test_composed_with_the_ram_complement_the_cpu_reads_the_row_the_table_points_at() -> None:
+    """RAM complement: host rows only for non-resident experts (+ spares), rotated by every evicting
+    promotion; the CPU computes its pairs from the row the routing table names, so outputs stay stock."""
+    e, h, i, slots, k, spares = 16, 64, 32, 5, 4, 2
+    r = e - slots + spares
+    g = torch.Generator().manual_seed(7)
+    w13 = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i, generator=g) / i**0.5).to(torch.bfloat16)
+    off = slots + 1  # row ``slots``: the zero padding row, the CPU pairs' filler
+    rows = [torch.zeros(off + r, *w.shape[1:], dtype=w.dtype) for w in (w13, w2)]
+    phys_map = torch.empty(e, dtype=torch.int32)
+    row_owner = [-1] * r
+    for x in range(e):
+        row = x if x < slots else off + (x - slots)  # experts 0..4 resident, the rest in host rows 0..10
+        phys_map[x] = row
+        if x >= slots:
+            row_owner[x - slots] = x
+        rows[0][row], rows[1][row] = w13[x], w2[x]
+    cache = LayerCache(e, slots, off, phys_map, CacheParams(cap=2, decay=0.9), host_rows=r)
+    cache.install(list(range(slots)), prior=list(range(slots)), row_owners=row_owner)
+    bank = BankRows(rows[0], rows[1], off, r)
+    cost = CostModel(link_GBps=50, cpu_GBps=40, max_tokens=4)
+    path = cp.LayerCpuPath(bank, k, slots, cp.CpuPathSettings(enabled=True, max_tokens=4), cost, K.CpuThreads(2), torch.device("cpu"),
+                           num_experts=e)
+    cpu_total = evictions = 0
+    for step in range(40):
+        t = int(torch.randint(1, 4, (1,), generator=g))
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+        w = torch.softmax(torch.randn(t, k, generator=g), -1)
+        phys = phys_map[ids].to(ids.dtype)
+        path.before_experts(x, ids, w, phys, off, priority=cache.score)
+        pairs = path.pending_pairs
+        assert pairs is not None
+        gpu_ids = cache.step(ids, rows, cpu_pairs=pairs, filler=slots)
+        assert check_bijection(cache.expert_in_slot.tolist(), phys_map.tolist(), off, cache.row_owner.tolist()) == []
+        ref = _per_k(x, w13, w2, ids, w)
+        per_k = _per_k(x, rows[0], rows[1], gpu_ids, w)
+        assert torch.equal(per_k[~pairs], ref[~pairs]), f"step {step}: a GPU pair read the wrong row"
+        merged = path.merge(per_k.reshape(t * k, -1)).view(t, k, -1)
+        assert path.abandon() is True
+        scale = float(ref.float().abs().max())
+        assert float((merged - ref).float().abs().max()) <= 2**-6 * scale, f"step {step}: a CPU pair read the wrong host row"
+        cpu_total += int(pairs.sum())
+    evictions = int(cache.evictions)
+    assert cpu_total > 0 and evictions > 0, (cpu_total, evictions)

@@ -49,8 +49,8 @@ def test_serve_flags_become_env(tiny_model_dir: Path, monkeypatch: pytest.Monkey
     assert env[cp.ENV_LINK_GBPS] == "50.0" and env[cp.ENV_MAX_TOKENS] == "4"
     with pytest.raises(ValueError, match="need --cpu-experts"):
         _env(tiny_model_dir, "--cpu-experts-cpus", "2-5")
-    with pytest.raises(ValueError, match="cannot run with --ram-complement"):
-        _env(tiny_model_dir, "--cpu-experts", "--ram-complement")
+    both = _env(tiny_model_dir, "--cpu-experts", "--ram-complement")  # composes since issue 25: the CPU reads the table's host rows
+    assert both[cp.ENV_CPU_EXPERTS] == "1" and both["REAP_RAM_COMPLEMENT"] == "1"
     with pytest.raises(ValueError, match="not a core list"):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "two")
     with pytest.raises(ValueError, match=cp.ENV_MAX_TOKENS):

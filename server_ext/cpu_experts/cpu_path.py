@@ -96,9 +96,12 @@ class LayerCpuPath:
     """One layer's CPU expert path: the split on the device, the CPU step, the merge."""
 
     def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
-                 threads: CpuThreads, device: torch.device, staging: Staging | None = None):
+                 threads: CpuThreads, device: torch.device, staging: Staging | None = None, num_experts: int | None = None):
+        """``num_experts``: the layer's logical experts when the bank has fewer host rows (RAM complement:
+        a missed expert's host row is where the routing table points, not ``row_offset + e``)."""
         check_step_pairs(settings.max_tokens, top_k)
         self.bank = bank
+        self.num_experts = bank.num_experts if num_experts is None else num_experts
         self.top_k = top_k
         self.filler_row = filler_row
         self.settings = settings
@@ -156,15 +159,16 @@ class LayerCpuPath:
             gpu_ids = torch.empty_like(phys)
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
-                            self.bank.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
+                            self.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
                             post, priority=priority)
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
-            split = plan_split(topk_ids, missed, self.bank.num_experts, self.bank.expert_bytes, self.cost, priority=priority)
+            split = plan_split(topk_ids, missed, self.num_experts, self.bank.expert_bytes, self.cost, priority=priority)
             self.counters[:4].add_(torch.stack([(split.link_experts | split.cpu_experts).sum(), split.cpu_experts.sum(),
                                             missed.sum(), split.cpu_pairs.sum()]))
-            t = job.stage(x, topk_ids, topk_weights, split.cpu_pairs)
+            # the CPU reads each of its pairs' host row: where the table points (RAM complement), e itself otherwise
+            t = job.stage(x, torch.where(split.cpu_pairs, phys - host_offset, topk_ids), topk_weights, split.cpu_pairs)
             cpu_pairs = split.cpu_pairs
             gpu_ids = torch.where(cpu_pairs, torch.full_like(phys, self.filler_row), phys)
             job.run(t)

@@ -90,7 +90,7 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     best = tl.min(tl.where(step == tl.min(step, axis=0), n, BLOCK_N), axis=0)  # first minimum
     cpu_pair = elig & (rank < best)
     # the host's inputs first, then the post (the team starts on it), then what only the device reads
-    tl.store(st_ids_ptr + p, ids, mask=pm)
+    tl.store(st_ids_ptr + p, tl.where(cpu_pair, phys - host_offset, ids).to(tl.int32), mask=pm)  # a CPU pair: its host row
     tl.store(st_mask_ptr + p, cpu_pair.to(tl.uint8), mask=pm)
     tl.store(st_w_ptr + p, w, mask=pm)
     if POST:
