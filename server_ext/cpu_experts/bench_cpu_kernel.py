@@ -98,6 +98,7 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
     cfg_pool = ext.WorkerPoolConfig()
     cfg_pool.subpool_count, cfg_pool.subpool_numa_map, cfg_pool.subpool_thread_count = 1, [0], [threads.n]
     cpu = ext.CPUInfer(cfg_pool)
+    pool_cpus = _thread_cpus()  # where kt's worker threads may run (it pins them itself)
     mask = torch.zeros(experts, dtype=torch.uint8)
     cfg = MOEConfig(experts, 8, H, I, mask.data_ptr())
     cfg.layer_idx, cfg.pool, cfg.max_len = 0, cpu.backend_, 64
@@ -124,8 +125,20 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
 
     res = _median_rate(one_pass, len(calls) * 8 * EXPERT_BYTES, reps)
     res["per_call_ms"] = float(res["median_s"]) / len(calls) * 1e3
+    res["thread_cpus"] = pool_cpus
     del moe, cpu
     return res
+
+
+def _thread_cpus() -> list[int]:
+    """The union of the cores every thread of this process may run on (Linux), e.g. after a pool pinned its own."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            cpus |= os.sched_getaffinity(int(tid))
+    except (OSError, AttributeError):
+        return []
+    return sorted(cpus)
 
 
 def kt_kernel_status() -> dict[str, str]:
@@ -139,7 +152,8 @@ def kt_kernel_status() -> dict[str, str]:
     try:
         import kt_kernel  # type: ignore[import-not-found]
 
-        return {"importable": "yes", "variant": str(getattr(kt_kernel, "__cpu_variant__", "?")), "not_used_because": why}
+        return {"importable": "yes", "variant": str(getattr(kt_kernel, "__cpu_variant__", "?")),
+                "version": str(getattr(kt_kernel, "__version__", "?")), "not_used_because": why}
     except Exception as exc:  # noqa: BLE001 - any import failure is the answer
         return {"importable": f"no ({type(exc).__name__}: {exc})", "not_used_because": why}
 
