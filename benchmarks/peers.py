@@ -137,7 +137,8 @@ def ours_summary(kernel: dict[str, Any] | None, gpu: dict[str, Any] | None, miss
         settings = (gpu or {}).get("settings") or {}
         r["prompt_len"] = settings.get("prompt_len")
         r["source"] = {"date": (gpu or {}).get("date"), "command": (gpu or {}).get("command")}
-        r["threads"] = ((a.get("cpu_path_bs1") or {}).get("threads")) if isinstance(a.get("cpu_path_bs1"), dict) else None
+        cpu_path = a.get("cpu_path_bs1") or (((gpu or {}).get("raw") or {}).get(arm) or {}).get("cpu_path_bs1") or {}
+        r["threads"] = cpu_path.get("threads") if isinstance(cpu_path, dict) else None
         r["prefill_tok_s_pp2048"] = a.get("prefill_tok_s_pp2048")
         if r["ttft_ms_bs1"] and r["prompt_len"]:
             r["prefill_tok_s_from_ttft"] = r["prompt_len"] / (r["ttft_ms_bs1"] / 1e3)

@@ -25,7 +25,9 @@
 # Later phases do what they need first if it is missing (bench builds and writes the GGUF), so a
 # fresh machine still gets there, only slower. Knobs: PEER_CPUS (default 2-15: the cores
 # REAP_CPU_EXPERT_CPUS gave the reap_30_cpu arm), N_CPU_MOE (17), REPS (3), ALL_GPU (1), JOBS (16),
-# BUILD_TIMEOUT (500 s), KT_TASKSET (1: run the kt phase under taskset -c $PEER_CPUS).
+# BUILD_TIMEOUT (500 s), KT_TASKSET (1: run the kt phase under taskset -c $PEER_CPUS); for a CPU dry
+# run: PEER_DIR (/tmp/peers), GGUF (the model path), GGUF_ARGS (e.g. "--layers 2 --experts 16"),
+# KT_ARGS (e.g. "--experts 16").
 #
 # Why --n-cpu-moe 17: the reap_30_cpu arm keeps 38 of 128 experts of each of the 24 layers on the
 # GPU (29.7 % of the expert bytes); llama.cpp keeps whole layers' experts, so the GPU holding the
@@ -38,7 +40,7 @@ R=$(cd "$(dirname "$0")/.." && pwd)
 SHORT=0c1e570
 TARBALL=$R/.peers/llama.cpp-$SHORT.tar.xz
 WHEEL=$(ls "$R"/.peers/kt_kernel-0.6.1-cp312-*.whl 2>/dev/null | head -1)
-P=/tmp/peers
+P=${PEER_DIR:-/tmp/peers}
 SRC=$P/llama.cpp-$SHORT
 BUILD=$SRC/build-cuda
 BENCH=$BUILD/bin/llama-bench
@@ -67,7 +69,7 @@ for part in sys.argv[1].split(','):
 print(len(cores), hex(sum(1<<c for c in cores)))" "$CPUS")
 
 # our package without installing it (see device_shim.sh); run python from /tmp
-if [ -f "$R/scripts/device_shim.sh" ]; then R=$R source "$R/scripts/device_shim.sh"; fi
+if [ -z "${PEER_NO_SHIM:-}" ] && [ -f "$R/scripts/device_shim.sh" ]; then R=$R source "$R/scripts/device_shim.sh"; fi
 py() { (cd /tmp && python3 "$@"); }
 
 if [ -z "${GGUF:-}" ]; then
@@ -95,7 +97,11 @@ phase_build() {
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   t0=$(date +%s)
   if [ ! -f "$BUILD/build.ninja" ]; then
-    cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    # cuBLAS / libcuda outside the toolkit's folders (pip-wheel toolkits): scripts/peers_cuda_args.py
+    local extra=()
+    mapfile -t extra < <(python3 "$R/scripts/peers_cuda_args.py" "$nvcc" "$P/cublas_include" | tee "$P/cuda_args.txt" | grep -v '^#')
+    log "build: extra CMake arguments: ${extra[*]:-none}"
+    cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_CUDA_NCCL=OFF \
       -DGGML_CUDA_COMPRESSION_MODE=none -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
@@ -121,7 +127,8 @@ json.dump({"rc": int(rc), "configure_s": int(conf), "build_s": int(build) + old.
 EOF
   keep build.json
   log "build rc=$rc configure $((t1 - t0)) s, build $((t2 - t1)) s"
-  [ -x "$BENCH" ] && "$BENCH" --version >> "$LOG" 2>&1
+  cuda_libs
+  [ -x "$BENCH" ] && "$BENCH" --version >> "$LOG" 2>&1 && "$BENCH" --list-devices >> "$LOG" 2>&1
   [ -x "$BENCH" ]
 }
 
@@ -129,13 +136,13 @@ phase_gguf() {
   unpack || return 1
   mkdir -p "$(dirname "$GGUF")"
   local want
-  want=$(PYTHONPATH=$SRC/gguf-py:${PYTHONPATH:-} py -m reap_swap.benchmarks.peers_gguf --out "$GGUF" --plan-only |
+  want=$(PYTHONPATH=$SRC/gguf-py:${PYTHONPATH:-} py -m reap_swap.benchmarks.peers_gguf --out "$GGUF" --plan-only ${GGUF_ARGS:-} |
     python3 -c "import json,sys; print(json.load(sys.stdin)['tensor_bytes'])")
   if [ -f "$GGUF" ] && [ "$(stat -c %s "$GGUF")" -gt "${want:-0}" ] && [ -f "$P/gguf.json" ]; then
     log "gguf: $GGUF already there"; keep gguf.json; return 0
   fi
   log "gguf: writing $GGUF ($want tensor bytes; /dev/shm free ${shm_free:-?} GiB)"
-  PYTHONPATH=$SRC/gguf-py:${PYTHONPATH:-} py -m reap_swap.benchmarks.peers_gguf --out "$GGUF" > "$P/gguf.json" 2>> "$LOG" \
+  PYTHONPATH=$SRC/gguf-py:${PYTHONPATH:-} py -m reap_swap.benchmarks.peers_gguf --out "$GGUF" ${GGUF_ARGS:-} > "$P/gguf.json" 2>> "$LOG" \
     || { log "gguf failed"; rm -f "$GGUF"; return 1; }
   keep gguf.json
   log "gguf: $(cat "$P/gguf.json")"
@@ -154,7 +161,14 @@ json.dump({"command": " ".join(cmd), "n_cpu_moe": int(ncmoe), "cpus": cpus,
 EOF
 }
 
+cuda_libs() {  # the cuBLAS folder the build linked from a wheel, for the loader
+  local d; d=$(sed -n 's/^#LD //p' "$P/cuda_args.txt" 2>/dev/null)
+  [ -n "$d" ] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  return 0
+}
+
 phase_bench() {
+  cuda_libs
   [ -x "$BENCH" ] || { log "bench: no llama-bench yet, building first"; phase_build || return 1; }
   [ -f "$GGUF" ] || { log "bench: no GGUF yet, writing it first"; phase_gguf || return 1; }
   keep build.json gguf.json
@@ -180,12 +194,12 @@ phase_kt() {
   [ -n "$WHEEL" ] || { log "kt: no kt-kernel wheel under .peers/: carry it"; return 1; }
   unpack || return 1  # kt_kernel imports gguf: the pinned gguf-py serves
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kt_site "$WHEEL" >> "$LOG" 2>&1 \
-    || { log "kt: pip install failed"; return 1; }
+    || log "kt: pip install failed: ours alone is measured (kt_kernel.importable says why)"
   local ts=()
   [ "${KT_TASKSET:-1}" = 1 ] && ts=(taskset -c "$CPUS")
   log "kt: ${ts[*]} bench_cpu_kernel --threads $NT --cpus $CPUS --backends native --kt"
   (cd /tmp && PYTHONPATH=/tmp/kt_site:$SRC/gguf-py:${PYTHONPATH:-} timeout "$(left 300)" "${ts[@]}" python3 -m reap_swap.server_ext.cpu_experts.bench_cpu_kernel \
-    --out "$OUT/kt_vs_ours.json" --threads "$NT" --cpus "$CPUS" --backends native --kt \
+    --out "$OUT/kt_vs_ours.json" --threads "$NT" --cpus "$CPUS" --backends native --kt ${KT_ARGS:-} \
     --label "H200 host, issue 28: ours (native) and kt-kernel 0.6.1 AMXBF16_MOE, $NT threads on cores $CPUS, GPU idle") >> "$LOG" 2>&1
   local rc=$?; log "kt rc=$rc"
   return $rc

@@ -114,7 +114,8 @@ KERNEL = {"threads": {"n": 14, "cpus": list(range(2, 16))},
           "backends": {"native": {"batch1": {"GBps": 80.0}, "batch8": {"GBps": 45.0}}},
           "kt_kernel_comparison": {"batch1": {"GBps": 40.0, "thread_cpus": list(range(2, 16))}, "batch8": {"GBps": 60.0}}}
 GPU = {"date": "d", "command": "reap-swap bench-gpu ...", "settings": {"prompt_len": 256},
-       "arms": {"reap_30_cpu": {"decode_tok_s_bs1": 80.0, "decode_tok_s_bs8": 120.0, "ttft_ms_bs1": 400.0, "slots": 38}}}
+       "arms": {"reap_30_cpu": {"decode_tok_s_bs1": 80.0, "decode_tok_s_bs8": 120.0, "ttft_ms_bs1": 400.0, "slots": 38}},
+       "raw": {"reap_30_cpu": {"cpu_path_bs1": {"threads": {"n": 14, "cpus": list(range(2, 16))}}}}}
 
 
 def test_join_fills_the_issue_keys() -> None:
@@ -125,6 +126,7 @@ def test_join_fills_the_issue_keys() -> None:
     assert res["kt_kernel"]["GBps_bs1"] == 40.0 and res["kt_kernel"]["GBps_bs8"] == 60.0
     assert res["ours"]["cpu_kernel_GBps_bs1"] == 80.0
     assert res["ours"]["reap_30_cpu"]["decode_tok_s_bs1"] == 80.0
+    assert res["ours"]["reap_30_cpu"]["threads"]["n"] == 14
     assert res["ratios"]["ours_vs_llamacpp_bs1"] == pytest.approx(2.0)
     assert res["ratios"]["ours_cpu_kernel_vs_kt_bs1"] == pytest.approx(2.0)
     assert res["ratios"]["ours_vs_llamacpp_pp256_ttft"] == pytest.approx(640.0 / 900.0)
@@ -157,6 +159,39 @@ def test_join_says_why_kt_is_missing_and_falls_back_for_ours() -> None:
 def test_join_flags_a_build_of_another_commit() -> None:
     rows = [{**r, "build_commit": "deadbee"} for r in _rows()]
     assert "llamacpp.commit" in peers.join(rows, None, None, None)["missing"]
+
+
+def test_cuda_args_name_wheel_cublas_and_the_driver(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("peers_cuda_args", REPO / "scripts" / "peers_cuda_args.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    tk = tmp_path / "cuda"
+    (tk / "bin").mkdir(parents=True)
+    (tk / "include").mkdir()
+    (tk / "bin" / "nvcc").write_text("")
+    wheel = tmp_path / "site" / "nvidia" / "cu13"
+    (wheel / "include").mkdir(parents=True)
+    (wheel / "lib").mkdir()
+    for f in ("include/cublas_v2.h", "include/cublas_api.h", "lib/libcublas.so.13", "lib/libcublasLt.so.13"):
+        (wheel / f).write_text("")
+    drv = tmp_path / "drv"
+    drv.mkdir()
+    (drv / "libcuda.so.1").write_text("")
+    args, libdirs = mod.cmake_args(str(tk / "bin" / "nvcc"), str(tmp_path / "inc"), [str(tmp_path / "site")], (str(drv),))
+    assert f"-DCMAKE_CUDA_FLAGS=-I{tmp_path / 'inc'}" in args
+    assert f"-DCUDA_cublas_LIBRARY={wheel / 'lib' / 'libcublas.so.13'}" in args
+    assert f"-DCUDA_cublasLt_LIBRARY={wheel / 'lib' / 'libcublasLt.so.13'}" in args
+    assert f"-DCUDA_cuda_driver_LIBRARY={drv / 'libcuda.so.1'}" in args
+    assert sorted(p.name for p in (tmp_path / "inc").iterdir()) == ["cublas_api.h", "cublas_v2.h"]
+    assert libdirs == [str(wheel / "lib")]
+    # a whole toolkit needs nothing
+    for f in ("include/cublas_v2.h", "lib64/libcublas.so", "lib64/libcublasLt.so", "lib64/stubs/libcuda.so"):
+        (tk / f).parent.mkdir(parents=True, exist_ok=True)
+        (tk / f).write_text("")
+    assert mod.cmake_args(str(tk / "bin" / "nvcc"), str(tmp_path / "inc2"), [str(tmp_path / "site")], (str(drv),)) == ([], [])
 
 
 def test_scripts_agree_on_the_pinned_commit_and_parse() -> None:
