@@ -101,13 +101,19 @@ def kt_summary(kernel: dict[str, Any] | None, missing: dict[str, str]) -> dict[s
     out["variant"] = status.get("variant")
     out["version"] = status.get("version")
     out["thread_cpus"] = ((cmp_ or {}).get("batch1") or {}).get("thread_cpus")
+    out["moe_class"] = ((cmp_ or {}).get("batch1") or {}).get("moe_class")
     for b in (1, 8):
         out[f"GBps_bs{b}"] = _rate(cmp_, b)
         if out[f"GBps_bs{b}"] is None:
-            why = "kt-kernel did not import: " + str(status.get("importable")) if cmp_ is None else f"no batch{b} entry"
+            if cmp_ is not None:
+                why = f"no batch{b} entry"
+            elif kernel.get("kt_kernel_comparison_error"):
+                why = str(kernel["kt_kernel_comparison_error"])
+            else:
+                why = "kt-kernel did not import: " + str(status.get("importable"))
             missing[f"kt_kernel.GBps_bs{b}"] = why
     out["threads"] = kernel.get("threads")
-    out["note"] = ("AMXBF16_MOE on a repacked copy of the same 128 experts (8 a call, batch b tokens each), "
+    out["note"] = ("kt-kernel's BF16 MoE (moe_class) on a repacked copy of the same experts (8 a call, batch b tokens each), "
                    "timed like ours: medians of >= 5 passes after a warm-up")
     return out
 
@@ -162,13 +168,19 @@ def gpu_expert_share(layers: int, experts: int, n_cpu_moe: int | None, slots: in
 
 def join(llama_rows: list[dict[str, Any]] | None, llama_meta: dict[str, Any] | None, kernel: dict[str, Any] | None,
          gpu: dict[str, Any] | None, kernel_fallback: dict[str, Any] | None = None,
-         llama_gpu_all_rows: list[dict[str, Any]] | None = None, layers: int = 24, experts: int = 128) -> dict[str, Any]:
+         llama_gpu_all_rows: list[dict[str, Any]] | None = None, layers: int = 24, experts: int = 128,
+         kt_fallback: dict[str, Any] | None = None) -> dict[str, Any]:
     missing: dict[str, str] = {}
     llama = llamacpp_summary(llama_rows, llama_meta, missing)
+    kt_note = None
+    if kt_fallback and kt_fallback.get("kt_kernel_comparison") and not (kernel or {}).get("kt_kernel_comparison"):
+        kt_note = ("from the AVX2BF16_MOE rerun: the AMXBF16_MOE run gave none ("
+                   + str((kernel or {}).get("kt_kernel_comparison_error") or "no figures") + ")")
+        kernel = kt_fallback
     result: dict[str, Any] = {
         "what": "issue 28: llama.cpp --n-cpu-moe and kt-kernel vs REAP-swap on one H200 host, 30b-a3b-24l shape, bf16",
         "llamacpp": llama,
-        "kt_kernel": kt_summary(kernel, missing),
+        "kt_kernel": {**kt_summary(kernel, missing), "fallback": kt_note},
         "ours": ours_summary(kernel, gpu, missing, kernel_fallback),
     }
     if llama_gpu_all_rows:
@@ -200,13 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llamacpp-meta", help="its meta JSON (default: <llamacpp>.meta.json beside it)")
     ap.add_argument("--llamacpp-all-gpu", help="llama-bench JSON of the all-experts-on-GPU run (optional)")
     ap.add_argument("--kt", help="bench_cpu_kernel --kt output (kt-kernel and ours, same threads)")
+    ap.add_argument("--kt-fallback", help="the same with KT_MOE_CLASS=AVX2BF16_MOE, used when --kt has no kt figures")
     ap.add_argument("--ours-kernel", help="fallback CPU kernel JSON for ours if --kt has none")
     ap.add_argument("--ours-gpu", help="a bench-gpu result JSON with the reap_30_cpu arm")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     meta_path = args.llamacpp_meta or (str(Path(args.llamacpp).with_suffix("")) + ".meta.json" if args.llamacpp else None)
     res = join(_load(args.llamacpp), _load(meta_path), _load(args.kt), _load(args.ours_gpu), _load(args.ours_kernel),
-               _load(args.llamacpp_all_gpu))
+               _load(args.llamacpp_all_gpu), kt_fallback=_load(args.kt_fallback))
     res["inputs"] = {k: v for k, v in vars(args).items() if k != "out"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

@@ -9,7 +9,10 @@
 #     bench   llama-bench -ngl 99 --n-cpu-moe 17, threads = our CPU team's cores: tg128 (batch 1),
 #             pp256/512/2048, -r 3, -o json; then the all-experts-on-GPU run (--n-cpu-moe 0) (~2-3 min)
 #     kt      kt-kernel 0.6.1's AMXBF16_MOE vs our native CPU kernel, same threads/cores, batch 1 and 8
-#             (bench_cpu_kernel --kt; < 1.5 min)
+#             (bench_cpu_kernel --kt; < 1.5 min); if it dies (SIGILL: AMX refused), once more with
+#             KT_MOE_CLASS=AVX2BF16_MOE -> kt_vs_ours_avx2.json
+# Files under $OUT (at most 7 a call): peers.log, build.json, gguf.json, llamacpp_bench.json,
+# llamacpp_bench.meta.json, llamacpp_all_gpu.json, kt_vs_ours.json (kt_vs_ours_avx2.json).
 #   bash scripts/gpu_peers.sh report DIR       # here, on the CPU box: DIR = the fetched $OUT files ->
 #             benchmarks/results/peers_h200.json (benchmarks/peers.py; ours from bench_gpu_cpu_dummy.json)
 #
@@ -27,7 +30,8 @@
 # REAP_CPU_EXPERT_CPUS gave the reap_30_cpu arm), N_CPU_MOE (17), REPS (3), ALL_GPU (1), JOBS (16),
 # BUILD_TIMEOUT (500 s), KT_TASKSET (1: run the kt phase under taskset -c $PEER_CPUS); for a CPU dry
 # run: PEER_DIR (/tmp/peers), GGUF (the model path), GGUF_ARGS (e.g. "--layers 2 --experts 16"),
-# KT_ARGS (e.g. "--experts 16").
+# KT_ARGS (e.g. "--experts 16"), PEER_CUDA_SITE (more folders to look for the cuBLAS wheel in),
+# PEER_CMAKE_ARGS (appended to the configure), KT_WHEEL (another kt-kernel wheel, e.g. cp311 here).
 #
 # Why --n-cpu-moe 17: the reap_30_cpu arm keeps 38 of 128 experts of each of the 24 layers on the
 # GPU (29.7 % of the expert bytes); llama.cpp keeps whole layers' experts, so the GPU holding the
@@ -39,7 +43,7 @@ OUT=${2:?output dir}
 R=$(cd "$(dirname "$0")/.." && pwd)
 SHORT=0c1e570
 TARBALL=$R/.peers/llama.cpp-$SHORT.tar.xz
-WHEEL=$(ls "$R"/.peers/kt_kernel-0.6.1-cp312-*.whl 2>/dev/null | head -1)
+WHEEL=${KT_WHEEL:-$(ls "$R"/.peers/kt_kernel-0.6.1-cp312-*.whl 2>/dev/null | head -1)}
 P=${PEER_DIR:-/tmp/peers}
 SRC=$P/llama.cpp-$SHORT
 BUILD=$SRC/build-cuda
@@ -54,6 +58,7 @@ if [ "$PHASES" = report ]; then
   D=$OUT
   cd /tmp && PYTHONPATH=${PYTHONPATH:-} python3 -m reap_swap.benchmarks.peers \
     --llamacpp "$D/llamacpp_bench.json" --llamacpp-all-gpu "$D/llamacpp_all_gpu.json" --kt "$D/kt_vs_ours.json" \
+    --kt-fallback "$D/kt_vs_ours_avx2.json" \
     --ours-kernel "$R/benchmarks/results/cpu_kernel_h200.json" \
     --ours-gpu "${OURS_GPU:-$R/benchmarks/results/bench_gpu_cpu_dummy.json}" \
     --out "${REPORT_OUT:-$R/benchmarks/results/peers_h200.json}"
@@ -99,13 +104,13 @@ phase_build() {
   if [ ! -f "$BUILD/build.ninja" ]; then
     # cuBLAS / libcuda outside the toolkit's folders (pip-wheel toolkits): scripts/peers_cuda_args.py
     local extra=()
-    mapfile -t extra < <(python3 "$R/scripts/peers_cuda_args.py" "$nvcc" "$P/cublas_include" | tee "$P/cuda_args.txt" | grep -v '^#')
+    mapfile -t extra < <(python3 "$R/scripts/peers_cuda_args.py" "$nvcc" "$P/cublas_include" ${PEER_CUDA_SITE:-} | tee "$P/cuda_args.txt" | grep -v '^#')
     log "build: extra CMake arguments: ${extra[*]:-none}"
     cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${extra[@]}" \
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_CUDA_NCCL=OFF \
       -DGGML_CUDA_COMPRESSION_MODE=none -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-      > "$P/configure.log" 2>&1 || { log "configure failed"; tail -40 "$P/configure.log" | tee -a "$LOG"; return 1; }
+      ${PEER_CMAKE_ARGS:-} > "$P/configure.log" 2>&1 || { log "configure failed"; tail -40 "$P/configure.log" | tee -a "$LOG"; return 1; }
   fi
   t1=$(date +%s)
   local budget; budget=$(left "${BUILD_TIMEOUT:-500}")
@@ -202,6 +207,14 @@ phase_kt() {
     --out "$OUT/kt_vs_ours.json" --threads "$NT" --cpus "$CPUS" --backends native --kt ${KT_ARGS:-} \
     --label "H200 host, issue 28: ours (native) and kt-kernel 0.6.1 AMXBF16_MOE, $NT threads on cores $CPUS, GPU idle") >> "$LOG" 2>&1
   local rc=$?; log "kt rc=$rc"
+  if [ $rc -ne 0 ] && [ -d /tmp/kt_site/kt_kernel ] && [ -z "${KT_MOE_CLASS:-}" ]; then
+    # AMX refused (a sandbox that grants no AMX tile state?): the same calls through AVX2BF16_MOE
+    log "kt: again with KT_MOE_CLASS=AVX2BF16_MOE -> kt_vs_ours_avx2.json"
+    (cd /tmp && KT_MOE_CLASS=AVX2BF16_MOE PYTHONPATH=/tmp/kt_site:$SRC/gguf-py:${PYTHONPATH:-} timeout "$(left 200)" "${ts[@]}" \
+      python3 -m reap_swap.server_ext.cpu_experts.bench_cpu_kernel --out "$OUT/kt_vs_ours_avx2.json" --threads "$NT" --cpus "$CPUS" \
+      --backends native --kt ${KT_ARGS:-} --label "H200 host, issue 28: kt-kernel 0.6.1 AVX2BF16_MOE (the AMX run died)") >> "$LOG" 2>&1
+    log "kt (AVX2) rc=$?"
+  fi
   return $rc
 }
 

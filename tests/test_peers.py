@@ -156,6 +156,19 @@ def test_join_says_why_kt_is_missing_and_falls_back_for_ours() -> None:
     assert res["ours"]["cpu_kernel_GBps_bs1"] == 83.6 and "not side by side" in res["ours"]["cpu_kernel_source"]
 
 
+def test_join_says_the_kt_run_died_and_takes_the_avx2_rerun() -> None:
+    died = {**KERNEL, "kt_kernel_comparison_error": "the kt-kernel run did not finish"}
+    del died["kt_kernel_comparison"]
+    res = peers.join(None, None, died, None)
+    assert res["missing"]["kt_kernel.GBps_bs1"] == "the kt-kernel run did not finish"
+    assert res["ours"]["cpu_kernel_GBps_bs1"] == 80.0  # ours was written before kt ran
+    avx2 = {**KERNEL, "kt_kernel_comparison": {"batch1": {"GBps": 20.0, "moe_class": "AVX2BF16_MOE"}, "batch8": {"GBps": 30.0}}}
+    res = peers.join(None, None, died, None, kt_fallback=avx2)
+    assert res["kt_kernel"]["GBps_bs1"] == 20.0 and res["kt_kernel"]["moe_class"] == "AVX2BF16_MOE"
+    assert "AVX2BF16_MOE rerun" in res["kt_kernel"]["fallback"]
+    assert peers.join(None, None, KERNEL, None, kt_fallback=avx2)["kt_kernel"]["GBps_bs1"] == 40.0
+
+
 def test_join_flags_a_build_of_another_commit() -> None:
     rows = [{**r, "build_commit": "deadbee"} for r in _rows()]
     assert "llamacpp.commit" in peers.join(rows, None, None, None)["missing"]
