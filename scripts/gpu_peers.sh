@@ -201,7 +201,7 @@ phase_kt() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kt_site "$WHEEL" >> "$LOG" 2>&1 \
     || log "kt: pip install failed: ours alone is measured (kt_kernel.importable says why)"
   local ts=()
-  [ "${KT_TASKSET:-1}" = 1 ] && ts=(taskset -c "$CPUS")
+  [ "${KT_TASKSET:-1}" = 1 ] && command -v taskset > /dev/null && ts=(taskset -c "$CPUS")
   log "kt: ${ts[*]} bench_cpu_kernel --threads $NT --cpus $CPUS --backends native --kt"
   (cd /tmp && PYTHONPATH=/tmp/kt_site:$SRC/gguf-py:${PYTHONPATH:-} timeout "$(left 300)" "${ts[@]}" python3 -m reap_swap.server_ext.cpu_experts.bench_cpu_kernel \
     --out "$OUT/kt_vs_ours.json" --threads "$NT" --cpus "$CPUS" --backends native --kt ${KT_ARGS:-} \
