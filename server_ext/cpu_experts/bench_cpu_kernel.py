@@ -90,7 +90,12 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
     its kernel compares with ours on the same machine. 8 experts per call, ``batch`` tokens each.
     """
     import kt_kernel_ext as ext  # type: ignore[import-not-found]
-    from kt_kernel_ext.moe import AMXBF16_MOE, MOEConfig  # type: ignore[import-not-found]
+    import kt_kernel_ext.moe as kt_moe  # type: ignore[import-not-found]
+
+    # AMXBF16_MOE is what kt-kernel's BF16 method picks on an AMX host (the H200 machine's Xeon);
+    # KT_MOE_CLASS=AVX2BF16_MOE runs the same calls on a CPU without AMX (a smoke run here).
+    moe_class = os.environ.get("KT_MOE_CLASS", "AMXBF16_MOE")
+    MOEConfig, MoeOp = kt_moe.MOEConfig, getattr(kt_moe, moe_class)
 
     g = torch.Generator().manual_seed(seed)
     w13 = (torch.randn(experts, 2 * I, H, generator=g) * 0.02).to(torch.bfloat16)
@@ -98,6 +103,7 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
     cfg_pool = ext.WorkerPoolConfig()
     cfg_pool.subpool_count, cfg_pool.subpool_numa_map, cfg_pool.subpool_thread_count = 1, [0], [threads.n]
     cpu = ext.CPUInfer(cfg_pool)
+    pool_cpus = _thread_cpus()  # where kt's worker threads may run (it pins them itself)
     mask = torch.zeros(experts, dtype=torch.uint8)
     cfg = MOEConfig(experts, 8, H, I, mask.data_ptr())
     cfg.layer_idx, cfg.pool, cfg.max_len = 0, cpu.backend_, 64
@@ -105,7 +111,7 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
     cfg.up_projs = [[w13[e, I:].data_ptr() for e in range(experts)]]
     cfg.down_projs = [[down[e].data_ptr() for e in range(experts)]]
     cfg.gate_scales = cfg.up_scales = cfg.down_scales = [[0] * experts]
-    moe = AMXBF16_MOE(cfg)
+    moe = MoeOp(cfg)
     p2l = torch.arange(experts, dtype=torch.int64)
     cpu.submit(moe.load_weights_task(p2l.data_ptr()))  # repacks: kt's own copy of the weights
     cpu.sync()
@@ -124,8 +130,21 @@ def kt_rate(batch: int, experts: int, reps: int, threads: CpuThreads, seed: int 
 
     res = _median_rate(one_pass, len(calls) * 8 * EXPERT_BYTES, reps)
     res["per_call_ms"] = float(res["median_s"]) / len(calls) * 1e3
+    res["thread_cpus"] = pool_cpus
+    res["moe_class"] = moe_class
     del moe, cpu
     return res
+
+
+def _thread_cpus() -> list[int]:
+    """The union of the cores every thread of this process may run on (Linux), e.g. after a pool pinned its own."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            cpus |= os.sched_getaffinity(int(tid))
+    except (OSError, AttributeError):
+        return []
+    return sorted(cpus)
 
 
 def kt_kernel_status() -> dict[str, str]:
@@ -139,7 +158,8 @@ def kt_kernel_status() -> dict[str, str]:
     try:
         import kt_kernel  # type: ignore[import-not-found]
 
-        return {"importable": "yes", "variant": str(getattr(kt_kernel, "__cpu_variant__", "?")), "not_used_because": why}
+        return {"importable": "yes", "variant": str(getattr(kt_kernel, "__cpu_variant__", "?")),
+                "version": str(getattr(kt_kernel, "__version__", "?")), "not_used_because": why}
     except Exception as exc:  # noqa: BLE001 - any import failure is the answer
         return {"importable": f"no ({type(exc).__name__}: {exc})", "not_used_because": why}
 
@@ -218,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{backend:7s} batch {b}: {r['GBps']:.2f} GB/s ({r['vs_memcpy']:.0%} of memcpy {memcpy:.2f})", flush=True)
     result["backends"] = per_backend
     if args.kt and result["kt_kernel"]["importable"] == "yes":
+        # written first: kt-kernel's extension is built for one ISA (AMX on the H200's Xeon) and dies with
+        # SIGILL elsewhere, taking the process with it; ours is kept and the error says what happened
+        result["kt_kernel_comparison_error"] = "the kt-kernel run did not finish: the process died in it (SIGILL/SIGSEGV? see the log)"
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         kt: dict[str, dict] = {}
         for b in (int(s) for s in args.batches.split(",")):
             r = kt_rate(b, args.experts, args.reps, threads)
@@ -225,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             kt[f"batch{b}"] = r
             print(f"kt-kernel (repacked copy) batch {b}: {r['GBps']:.2f} GB/s ({r['vs_memcpy']:.0%} of memcpy)", flush=True)
         result["kt_kernel_comparison"] = kt
+        del result["kt_kernel_comparison_error"]
     ranked = [(v["batch1"]["GBps"], k) for k, v in per_backend.items() if "batch1" in v]
     if ranked:
         best_rate, best = max(ranked)
