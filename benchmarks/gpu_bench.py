@@ -137,7 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learned.add_argument("--groups", type=int, default=2, help="groups of --batch consecutive trace requests timed together")
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
-    default = [a for a in names if not a.endswith("_cpu")]  # the CPU expert path needs CUDA: asked for by name
+    # the CPU expert path (and the fast mode, which runs it) needs CUDA: asked for by name
+    default = [a for a in names if not a.endswith("_cpu") and a not in learned_bench.CUDA_ONLY]
     args.arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
     bad = [a for a in args.arms if a not in names]
     if bad or not args.arms:

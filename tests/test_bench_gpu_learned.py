@@ -270,3 +270,35 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
     assert arms["reap_cache_complement"]["hit_rate_decode"] == cache["hit_rate_decode"]
     for name in ("stock_gpu", "reap_cache"):
         assert arms[name]["syncs_per_decode_step"] is not None and arms[name]["host_peak_rss_gib"] > 0  # no launches on CPU
+
+
+def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(tmp_path: Path) -> None:
+    """reap_fast = reap_cache + CPU path (static prior); reap_fast_classifier starts each request from the classifier's set."""
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.learned.bench import CUDA_ONLY, build_specs
+    from reap_swap.benchmarks.shapes import SHAPES
+
+    tr = traces.load(TRACE)
+    sets_path = tmp_path / "sets.json"
+    write_sets(tr, sets_path, TRACE_LAYERS)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    args = Namespace(trace=TRACE, sets=sets_path, trace_layers=TRACE_LAYERS, requests=2, groups=1, gen=4, gen_bs8=5, batch=8, reps=1,
+                     kv_cache_gib=1.0, device="cuda", profile_steps=0, arms=["reap_cache", "reap_fast", "reap_fast_classifier", "reap_classifier"])
+    specs, _ = build_specs(args, model, SHAPES["tiny128"])
+    by = {s["name"]: s for s in specs}
+    cache, fast, fast_clf, clf = by["reap_cache"], by["reap_fast"], by["reap_fast_classifier"], by["reap_classifier"]
+    assert fast["cpu_experts"] and fast["online_cache"] == "lfru" and not cache.get("cpu_experts")
+    assert {k: v for k, v in fast.items() if k not in ("name", "cpu_experts")} == {k: v for k, v in cache.items() if k != "name"}
+    assert fast_clf["cpu_experts"] and fast_clf["online_cache"] == "lfru"
+    assert fast_clf["per_request"] == clf["per_request"] and fast_clf["per_group"] == clf["per_group"] and fast_clf["start"] == clf["start"]
+    assert fast_clf["per_request"] != fast["per_request"]  # the prior differs from the static one
+    assert set(CUDA_ONLY) >= {"reap_fast", "reap_fast_classifier", "reap_static_cpu"}
+    base = {"decode_tok_s_bs1_e2e": 100.0, "decode_tok_s_bs8_e2e": 300.0}
+    r = ratios({"stock_offload": {**base, "decode_tok_s_bs1": 40.0, "decode_tok_s_bs8": 80.0, "decode_tok_s_bs1_e2e": 40.0, "decode_tok_s_bs8_e2e": 80.0},
+                "reap_static_cpu": {**base, "decode_tok_s_bs1": 160.0, "decode_tok_s_bs8": 300.0},
+                "reap_fast": {**base, "decode_tok_s_bs1": 200.0, "decode_tok_s_bs8": 400.0, "decode_tok_s_bs1_e2e": 190.0}})
+    assert r["fast_vs_stock_offload_bs1"] == pytest.approx(5.0) and r["fast_vs_stock_offload_bs8"] == pytest.approx(5.0)
+    assert r["fast_vs_stock_offload_bs1_e2e"] == pytest.approx(190 / 40) and r["fast_vs_static_cpu_bs1"] == pytest.approx(1.25)

@@ -16,6 +16,10 @@ would. At the sets file's slot count (30 % of each layer's experts):
                        rows only for non-resident experts plus spares, every swap an exchange (issue 13's on/off)
 * ``reap_cache_complement``  ``reap_cache`` in RAM-complement mode: every promotion that evicts writes the victim
                        to a spare host row inside the forward (the cache composed with the complement)
+* ``reap_static_cpu``  ``reap_static`` with the CPU expert path (``REAP_CPU_EXPERTS``)
+* ``reap_fast``        the composed fast mode (``serve --fast``): ``reap_cache`` with the CPU path, the split first
+* ``reap_fast_classifier``  ``reap_fast`` whose cache starts each request (batch) from the classifier's set
+                       instead of the static one: what the prediction adds to the composed mode
 
 GPU run (H200; vLLM 0.26 staged per ../shared/gpu/README.md, whose setup script also sets
 VLLM_USE_FLASHINFER_SAMPLER=0 and VLLM_ENABLE_V1_MULTIPROCESSING=0). About 1.5 min per reap arm and
@@ -56,8 +60,10 @@ from .inputs import (
 from ..shapes import MoeShape
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
-        "reap_cache_complement", "reap_static_cpu")
-PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement")
+        "reap_cache_complement", "reap_static_cpu", "reap_fast", "reap_fast_classifier")
+CUDA_ONLY = ("reap_static_cpu", "reap_fast", "reap_fast_classifier")
+"""Arms that run the CPU expert path (CUDA only): not in the default list, asked for by name."""
+PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement", "reap_static_cpu", "reap_fast")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
 RUNNER = "reap_swap.benchmarks.learned.arm"
 
@@ -74,7 +80,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         raise SetsError(f"trace top-{trace.top_k} of {trace.num_experts} / sets of {sets.num_experts} experts; shape {shape.name} is top-{shape.top_k} of {shape.experts}")
     # The workload must not depend on which arms a call runs (--resume joins calls): requests need a
     # classifier set whenever the sets file has any.
-    classifier = bool(sets.classifier) or any(a.startswith("reap_classifier") for a in args.arms)
+    classifier = bool(sets.classifier) or any("classifier" in a for a in args.arms)
     bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
     bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
@@ -125,6 +131,11 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
         return spec
 
+    def fast_classifier_arm() -> dict[str, Any]:
+        # the classifier's per-request (per-group) sets become the cache's prior at each request's start
+        spec = reap("reap_classifier", "classifier", "classifier_bs8")
+        return {**spec, "name": "reap_fast_classifier", "online_cache": "lfru", "cpu_experts": True, "offline": None, "predicted": None}
+
     def cache_arm(spec: dict[str, Any]) -> dict[str, Any]:
         # The static set is installed before each request (batch) as the proxy installs a prompt
         # prior; the cache then promotes on miss. The resident set moves as the requests run, so no
@@ -146,6 +157,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "reap_cache_complement": lambda: {**cache_arm(reap("reap_static", "static_topk", "static_topk")),
                                           "name": "reap_cache_complement", "ram_complement": True},
         "reap_static_cpu": lambda: {**reap("reap_static", "static_topk", "static_topk"), "name": "reap_static_cpu", "cpu_experts": True},
+        "reap_fast": lambda: {**cache_arm(reap("reap_static", "static_topk", "static_topk")), "name": "reap_fast", "cpu_experts": True},
+        "reap_fast_classifier": fast_classifier_arm,
     }
     context = {
         "trace": str(args.trace),

@@ -15,7 +15,8 @@ from typing import Any
 from ..gpu_report import _fmt, _get, _ratio, run_header
 from ..shapes import MoeShape
 
-REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement")
+REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement",
+             "reap_static_cpu", "reap_fast", "reap_fast_classifier")
 LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
 
 
@@ -88,6 +89,12 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         for bs in ("bs1", "bs8"):
             out[f"{arm}_vs_stock_gpu_{bs}"] = _ratio(g(arm, f"decode_tok_s_{bs}"), g("stock_gpu", f"decode_tok_s_{bs}"))
         out[f"{arm}_vs_stock_offload_bs1_e2e"] = _ratio(g(arm, "decode_tok_s_bs1_e2e"), g("stock_offload", "decode_tok_s_bs1_e2e"))
+    if "reap_fast" in arms:  # issue 25's acceptance keys (the composed mode, static prior)
+        for bs in ("bs1", "bs8"):
+            for est in ("", "_e2e"):
+                out[f"fast_vs_stock_offload_{bs}{est}"] = _ratio(g("reap_fast", f"decode_tok_s_{bs}{est}"), g("stock_offload", f"decode_tok_s_{bs}{est}"))
+        out["fast_vs_static_cpu_bs1"] = _ratio(g("reap_fast", "decode_tok_s_bs1"), g("reap_static_cpu", "decode_tok_s_bs1"))
+        out["fast_vs_static_cpu_bs1_e2e"] = _ratio(g("reap_fast", "decode_tok_s_bs1_e2e"), g("reap_static_cpu", "decode_tok_s_bs1_e2e"))
     return out
 
 
