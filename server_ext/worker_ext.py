@@ -321,10 +321,9 @@ def host_regions(banks: dict[int, ExpertBank]) -> HostRegions:
     for layer, bank in banks.items():
         if bank.complement is None:
             continue
-        off, rows = bank.table.host_row_offset, bank.host_rows
-        spans = [(p.data.data_ptr() + off * bank.row_bytes[n], rows * bank.row_bytes[n]) for n, p in bank.params.items()]
         spares = bank.host_rows - (bank.num_experts - bank.num_slots)  # rows beyond a full slot bank
-        regions.register(layer, tuple(bank.row_bytes.values()), spans, spares)
+        # The banked parameters only: side tensors (scales) have no host rows in host memory.
+        regions.register(layer, bank.complement.rows.block, bank.host_spans(), spares)
     regions.freeze()
     return regions
 
