@@ -20,6 +20,7 @@ from reap_swap.server_ext.bank.bank_layout import MAX_PHYSICAL_ROWS, check_kerne
 from reap_swap.server_ext.bank.side_tensors import SIDE_MAX_ROW_BYTES, is_side_tensor, side_rows, split_params
 from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
 from reap_swap.server_ext.cache.promote import copy_rows_triton
+from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathConfigError, check_expert_weights
 
 PAGE = 2 * 2**20
 E30, H30, I30 = 128, 2048, 768  # Qwen3-30B-A3B: experts, hidden, moe intermediate
@@ -224,3 +225,14 @@ def test_triton_promotions_copy_side_rows_like_the_reference(monkeypatch: pytest
         assert torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x, y.view(torch.uint8) if y.element_size() == 1 else y), n
     assert_kernel_reads_the_logical_experts(b, orig)
 
+
+# ------------------------------------------------------------------ the CPU expert path refuses FP8
+
+
+def test_cpu_expert_path_refuses_fp8_experts_naming_the_flag() -> None:
+    p = fp8_params(block=False)
+    with pytest.raises(CpuPathConfigError, match=r"--cpu-experts \(REAP_CPU_EXPERTS=1\).*float8_e4m3fn.*w13_weight_scale"):
+        check_expert_weights(3, p, "fp8")
+    with pytest.raises(CpuPathConfigError, match="per-expert scales"):
+        check_expert_weights(3, {"w13_weight": torch.zeros(2, 4, 4), "w2_weight": torch.zeros(2, 4, 2), "w13_weight_scale": torch.ones(2)})
+    check_expert_weights(0, {"w13_weight": torch.zeros(2, 4, 4, dtype=torch.bfloat16), "w2_weight": torch.zeros(2, 4, 2, dtype=torch.bfloat16)})
