@@ -134,6 +134,7 @@ def test_the_layout_keeps_scales_beside_the_paged_weights(block: bool) -> None:
     assert bank.slot_bytes == lay.host_row_offset * sum(lay.row_strides) + side, "side tensors are device memory"
     assert bank.host_bytes == E * sum(lay.row_strides), "host bytes: the banked rows only"
     assert bank.expert_bytes == sum(bank.row_bytes.values()), "a swap copies the scales too"
+    assert bank.link_bytes == bank.row_bytes["w13_weight"] + bank.row_bytes["w2_weight"], "promotions' link bytes: the banked rows"
     assert_kernel_reads_the_logical_experts(bank, orig)
 
 

@@ -226,7 +226,13 @@ class ExpertBank:
 
     @property
     def expert_bytes(self) -> int:
+        """One expert's bytes, side tensors included (what a swap copies)."""
         return sum(self.row_bytes.values())
+
+    @property
+    def link_bytes(self) -> int:
+        """One expert's bytes in host memory (what a promotion moves over the host link): the banked tensors."""
+        return sum(self.row_bytes[n] for n in self.banked)
 
     @property
     def slot_bytes(self) -> int:
