@@ -70,6 +70,10 @@ def test_side_rows_keep_a_column_major_layout() -> None:
     t[2].copy_(like[1])
     assert torch.equal(t[2], like[1])
     assert side_rows(5, torch.ones(4)).shape == (5,)
+    padded = torch.zeros(4, 3, 8)[:, :, :6].transpose(1, 2)  # [E, 6, 3], column-major, each row padded to 24 elements
+    t = side_rows(9, padded)
+    assert t.shape == (9, 6, 3) and t.stride() == (24, 1, 8), "a TMA-aligned layout is kept, padding included"
+    assert side_rows(3, torch.ones(1).expand(4)).stride() == (1,), "broadcast rows get their own elements"
 
 
 # ------------------------------------------------------------------ a bank of FP8-like experts on CPU
@@ -207,10 +211,14 @@ def test_triton_promotions_copy_side_rows_like_the_reference(monkeypatch: pytest
     a, orig = make_bank(True)
     b, _ = make_bank(True)
     r, m, k = a.params["w13_weight_scale_inv"].shape
-    col = torch.empty(r, k, m).transpose(1, 2)  # the same values in column-major rows
+    col = torch.full((r, k, m + 3), -7.0)[:, :, :m].transpose(1, 2)  # the same values in column-major rows with padding
     col.copy_(a.params["w13_weight_scale_inv"].data)
-    assert not col[0].is_contiguous()
+    assert not col[0].is_contiguous() and col.stride(0) > 1 + (m - 1) * col.stride(1) + (k - 1) * col.stride(2)
     b.params["w13_weight_scale_inv"].data = col
+    r, m, k = a.params["w2_weight_scale_inv"].shape
+    pad = torch.full((r, k, m + 3), -7.0)[:, :, :m].transpose(1, 2)  # dense rows 3 elements apart
+    pad.copy_(a.params["w2_weight_scale_inv"].data)
+    b.params["w2_weight_scale_inv"].data = pad
     caches = []
     for bank in (a, b):
         c = LayerCache(E, S, bank.table.host_row_offset, bank.phys_map, CacheParams(2, 0.9, None))

@@ -50,28 +50,18 @@ def split_params(row_bytes: dict[str, int]) -> tuple[list[str], list[str]]:
 
 
 def side_rows(num_rows: int, like: torch.Tensor) -> torch.Tensor:
-    """A device tensor of ``[num_rows, *like.shape[1:]]`` whose rows keep ``like``'s inner strides when
-    each of its rows is dense (a column-major scale stays column-major), else contiguous rows."""
-    shape = tuple(like.shape[1:])
-    numel = math.prod(shape)
-    inner = tuple(like.stride()[1:])
-    if not _dense(shape, inner):
+    """A device tensor of ``[num_rows, *like.shape[1:]]`` with ``like``'s strides, so a column-major or
+    padded (TMA-aligned) scale keeps the layout its kernel expects; rows that would overlap (or
+    broadcast strides) get contiguous rows instead."""
+    shape, inner = tuple(like.shape[1:]), tuple(like.stride()[1:])
+    extent = 1 + sum((n - 1) * st for n, st in zip(shape, inner))
+    row_stride = like.stride(0)
+    if row_stride < max(extent, math.prod(shape)) or any(st <= 0 for n, st in zip(shape, inner) if n > 1):
         return torch.empty((num_rows, *shape), dtype=like.dtype, device=like.device)
-    flat = torch.empty(num_rows * numel, dtype=like.dtype, device=like.device)
-    return flat.as_strided((num_rows, *shape), (numel, *inner))
-
-
-def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether a row of this shape and these strides covers exactly ``prod(shape)`` elements."""
-    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
-    expect = 1
-    for s, n in dims:
-        if s != expect:
-            return False
-        expect *= n
-    return True
+    flat = torch.empty(num_rows * row_stride, dtype=like.dtype, device=like.device)
+    return flat.as_strided((num_rows, *shape), (row_stride, *inner))
 
 
 def side_bytes(num_rows: int, t: torch.Tensor) -> int:
-    """Device bytes of a side tensor of ``num_rows`` rows."""
-    return num_rows * math.prod(t.shape[1:]) * t.element_size()
+    """Device bytes of a side tensor of ``num_rows`` rows (row padding included)."""
+    return num_rows * max(t.stride(0), math.prod(t.shape[1:])) * t.element_size()
