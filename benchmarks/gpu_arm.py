@@ -43,6 +43,7 @@ def _environment(spec: dict[str, Any]) -> None:
         layers, slots = spec["layers"], spec["slots"]
         os.environ[rc.ENV_START] = json.dumps({f"layer_{i}": list(range(slots)) for i in range(layers)})
         os.environ[rc.ENV_ACCOUNTING] = "1"
+    os.environ.update({k: str(v) for k, v in (spec.get("env") or {}).items()})  # e.g. the online cache, RAM complement
 
 
 def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +66,39 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         kw.update(cpu_offload_gb=spec["offload_gib"], cpu_offload_params={"experts"})
     if spec["kind"] == "reap":
         kw.update(worker_extension_cls="reap_swap.server_ext.worker_ext.ReapWorkerExtension")
+    quant = spec.get("quantization")
+    if quant == "fp8":  # vLLM quantizes the dummy bf16 weights at load: per-tensor scales, dynamic activations
+        kw.update(quantization="fp8")
+    elif quant == "fp8-block":  # an FP8-serialized checkpoint's config ([128, 128] blocks); the dummy loader fills weights and scales
+        kw.update(hf_overrides={"quantization_config": dict(FP8_BLOCK_CONFIG)})
+    elif quant is not None:
+        raise ValueError(f"unknown quantization {quant!r} (fp8, fp8-block)")
     return kw
+
+
+FP8_BLOCK_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def moe_kernel_info(model: Any) -> dict[str, Any]:
+    """The first MoE layer's quant method, FP8 backend and fused-experts class; with residency its bank's
+    physical rows and which parameters are banked (paged) or side tensors (scales, beside the bank)."""
+    for _, m in model.named_modules():
+        qm = getattr(m, "quant_method", None)
+        if qm is None or not hasattr(m, "w13_weight"):
+            continue
+        kernel = getattr(qm, "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        out: dict[str, Any] = {"quant_method": type(qm).__name__, "fp8_backend": str(getattr(qm, "fp8_backend", None)),
+                               "fused_experts": type(experts).__name__ if experts is not None else None,
+                               "w13_weight": [str(m.w13_weight.dtype), list(m.w13_weight.shape)],
+                               "global_num_experts": int(getattr(m, "global_num_experts", -1))}
+        bank = getattr(m, "reap_bank", None)
+        if bank is not None:
+            out["bank"] = {"physical_rows": bank.physical_rows, "host_row_offset": bank.table.host_row_offset, "slots": bank.num_slots,
+                           "banked": list(bank.banked), "side": {n: list(bank.params[n].shape) for n in bank.side},
+                           "side_bytes": bank.side_bytes, "backing": bank.backing.name}
+        return out
+    return {"error": "no MoE layer with a quant method found"}
 
 
 def _versions() -> dict[str, Any]:
@@ -171,6 +204,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     t = time.perf_counter()
     llm = LLM(**kw)
     res.save("memory", _memory(spec, time.perf_counter() - t))
+    res.save("moe_kernel", llm.apply_model(moe_kernel_info)[0])
     reap = spec["kind"] == "reap"
     if reap:
         info = llm.collective_rpc("reap_install")[0]

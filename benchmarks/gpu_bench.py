@@ -68,9 +68,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "gate_seed": 1000,
         "gate_scale": 1e-3,
     }
+    if args.quantization:
+        base["quantization"] = args.quantization
+    offload = shape.offload_gib_for_slots(slots30) * (1 / shape.dtype_bytes if args.quantization else 1.0)  # FP8: 1 byte a weight
     specs = {
         "stock_gpu": {**base, "name": "stock_gpu", "kind": "stock", "profile_steps": args.profile_steps},
-        "stock_offload": {**base, "name": "stock_offload", "kind": "stock", "offload_gib": shape.offload_gib_for_slots(slots30)},
+        "stock_offload": {**base, "name": "stock_offload", "kind": "stock", "offload_gib": offload},
         "reap_all": {
             **base,
             "name": "reap_all",
@@ -123,6 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per arm, GiB")
     p.add_argument("--profile-steps", type=int, default=20, help="decode steps under torch.profiler (0: no profile)")
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the hit-rate sweep")
+    p.add_argument("--quantization", choices=["fp8", "fp8-block"],
+                   help="FP8 experts in every arm: fp8 = vLLM quantizes at load (per-tensor scales), fp8-block = an FP8 "
+                        "checkpoint's [128, 128] block scales (dummy weights either way); not with the reap_30_cpu arm")
     p.add_argument("--deadline-s", type=float, default=580.0, help="wall-clock budget for all arms")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"), help="result JSON")
     p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
@@ -145,6 +151,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown arm(s) {bad}; choose from {', '.join(names)}")
     if args.trace and not args.sets:
         p.error("--trace needs --sets")
+    if args.quantization and (args.trace or any(a.endswith("_cpu") for a in args.arms)):
+        p.error("--quantization runs the synthetic arms without the CPU expert path (--cpu-experts computes unquantized experts only)")
     args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
     if args.requests < 1 or args.groups < 1:
         p.error("--requests and --groups must be >= 1")

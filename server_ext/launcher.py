@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import runpy
@@ -308,6 +309,21 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     return argv + passthrough
 
 
+def quantization_of(passthrough: list[str], model_dir: Path) -> str | None:
+    """The quantization vLLM will serve with: its ``--quantization``/``-q`` flag, else the checkpoint's
+    ``quantization_config.quant_method`` (None for an unquantized model)."""
+    for i, arg in enumerate(passthrough):
+        if arg in ("--quantization", "-q") and i + 1 < len(passthrough):
+            return f"--quantization {passthrough[i + 1]}"
+        if arg.startswith("--quantization="):
+            return f"--quantization {arg.split('=', 1)[1]}"
+    try:
+        method = json.loads((model_dir / "config.json").read_text()).get("quantization_config", {}).get("quant_method")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"the checkpoint's quantization_config ({method})" if method else None
+
+
 def _on_cpu() -> bool:
     try:
         import torch
@@ -334,6 +350,10 @@ def main(argv: list[str]) -> int:
     try:  # every check before anything changes: the token file is written last, the environment after it
         env = validated_env(args)
         given_token(args)
+        quant = quantization_of(passthrough, Path(args.model)) if args.cpu_experts else None
+        if quant:
+            raise ServeError(f"--cpu-experts computes unquantized (bf16/fp16/fp32) experts only; this model would be served "
+                             f"with {quant} experts: drop --cpu-experts (misses then read the host rows over the link)")
         if args.cpu_experts and _on_cpu():
             raise ServeError("--cpu-experts needs a CUDA device (it splits the GPU's misses with the host CPU); none is available")
         module = _server_module()

@@ -37,7 +37,8 @@ from . import config as reap_config
 from .step.arena import arena_for
 from .bank.bank import ComplementSpec, ExpertBank, PlainBacking
 from .step import logical_experts
-from .cpu_experts.cpu_path import CpuPathConfigError, CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
+from .cpu_experts.cpu_path import (CpuPathConfigError, CpuPathSettings, LayerCpuPath, check_expert_weights, measure_cpu_GBps,
+                                   measure_link_GBps)
 from .cache.online_cache import CacheParams, LayerCache
 from .step.routing_kernels import remap_and_capture
 
@@ -104,6 +105,7 @@ class ResidentRoutedExperts(RoutedExperts):
         vllm_config = get_current_vllm_config()
         sched = vllm_config.scheduler_config
         self.reap_max_tokens = int(sched.max_num_batched_tokens)
+        self.reap_quantization: str | None = getattr(vllm_config.model_config, "quantization", None)
         num_layers = getattr(vllm_config.model_config.hf_text_config, "num_hidden_layers", None)
         if not isinstance(num_layers, int) or num_layers <= self.reap_layer_id:
             raise reap_config.ResidencyConfigError(f"cannot size the routing arena: num_hidden_layers={num_layers!r}")
@@ -143,6 +145,7 @@ class ResidentRoutedExperts(RoutedExperts):
         backing = make_backing(device)
         cpu_settings = CpuPathSettings.from_env()
         if cpu_settings.enabled:
+            check_expert_weights(self.reap_layer_id, params, self.reap_quantization)  # before the device check: it names the real obstacle
             self._check_cpu_path_allowed(cfg, device)
             backing.grant_host_access()  # the CPU reads the host rows in place
         bank: ExpertBank | None = None
@@ -157,6 +160,7 @@ class ResidentRoutedExperts(RoutedExperts):
         if bank is None:
             bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing)
         self.reap_bank = bank
+        self._check_kernel_operands()
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
         if cfg.online_cache and self.reap_slots > 0:
@@ -187,6 +191,25 @@ class ResidentRoutedExperts(RoutedExperts):
             ", RAM complement" if self.reap_bank.complement else "",
             len(self.reap_bank.resident()),
         )
+
+    def _check_kernel_operands(self) -> None:
+        """The fused kernel reads scales and biases at the physical row ids, so the tensors its quant
+        config holds must be the bank's (vLLM keeps the Parameter objects whose ``.data`` the bank
+        rebinds). A per-expert copy taken earlier would be read past its end: refused at load."""
+        bank = self.reap_bank
+        qc = getattr(self.quant_method, "moe_quant_config", None)
+        if bank is None or qc is None:
+            return
+        ours = {p.data.data_ptr() for p in bank.params.values()}
+        for attr in ("w1_scale", "w2_scale", "w1_bias", "w2_bias", "w1_zp", "w2_zp"):
+            try:
+                t = getattr(qc, attr)
+            except (AssertionError, AttributeError):  # not a plain tensor in this config
+                continue
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == bank.num_experts and t.data_ptr() not in ours:
+                raise reap_config.ResidencyConfigError(
+                    f"layer {self.reap_layer_id}: {type(self.quant_method).__name__}'s kernel holds its own per-expert {attr} "
+                    f"{tuple(t.shape)}, not the bank's; expert residency cannot remap it (serve without residency)")
 
     def _check_cpu_path_allowed(self, cfg: reap_config.ResidencyConfig, device: torch.device) -> None:
         if device.type != "cuda":

@@ -41,7 +41,7 @@ class WorkerResidency:
         self.banks: dict[int, ExpertBank] = {m.reap_layer_id: m.reap_bank for m in self.layers if m.reap_bank}
         first = next(iter(self.banks.values()))
         self.num_experts = first.num_experts
-        self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size, first.expert_bytes)
+        self.ledger = MissLedger(list(self.banks), self.num_experts, ledger_size, first.link_bytes)
         self.device = first.phys_map.device
         self.caches: dict[int, LayerCache] = {m.reap_layer_id: m.reap_cache for m in self.layers if m.reap_cache is not None}
         self.cpu_paths: dict[int, LayerCpuPath] = {m.reap_layer_id: m.reap_cpu_path for m in self.layers if m.reap_cpu_path is not None}
@@ -142,7 +142,7 @@ class WorkerResidency:
             "layers": len(self.caches),
             "promotions": promotions,
             "evictions": sum(v["evictions"] for v in per_layer.values()),
-            "promotion_link_bytes": promotions * next(iter(self.banks.values())).expert_bytes,
+            "promotion_link_bytes": promotions * next(iter(self.banks.values())).link_bytes,
             "by_layer": per_layer,
         }
 
@@ -339,10 +339,9 @@ def host_regions(banks: dict[int, ExpertBank]) -> HostRegions:
     for layer, bank in banks.items():
         if bank.complement is None:
             continue
-        off, rows = bank.table.host_row_offset, bank.host_rows
-        spans = [(p.data.data_ptr() + off * bank.row_bytes[n], rows * bank.row_bytes[n]) for n, p in bank.params.items()]
         spares = bank.host_rows - (bank.num_experts - bank.num_slots)  # rows beyond a full slot bank
-        regions.register(layer, tuple(bank.row_bytes.values()), spans, spares)
+        # The banked parameters only: side tensors (scales) have no host rows in host memory.
+        regions.register(layer, bank.complement.rows.block, bank.host_spans(), spares)
     regions.freeze()
     return regions
 

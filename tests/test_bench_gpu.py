@@ -100,3 +100,66 @@ def test_cpu_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert 0.0 < arms["reap_30"]["hit_rate_decode"] < 1.0
     assert res["ratios"]["all_resident_vs_stock_bs1"] > 0
     assert (tmp_path / "bench.md").read_text().startswith("# bench-gpu")
+
+
+def test_quantization_reaches_every_arm_and_the_engine(tmp_path: Path) -> None:
+    from reap_swap.benchmarks import gpu_arm, gpu_bench
+    from reap_swap.benchmarks.shapes import write_model_dir
+    from reap_swap.paths import bundled_model_dir
+
+    model = write_model_dir(SHAPES["tiny"], bundled_model_dir(), tmp_path / "m", "float32")
+    plain = gpu_bench.build_specs(gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--arms", "stock_offload"]), model)[0]
+    args = gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--quantization", "fp8", "--arms", "stock_gpu,stock_offload,reap_30"])
+    specs = gpu_bench.build_specs(args, model)
+    assert [s["quantization"] for s in specs] == ["fp8"] * 3 and "quantization" not in plain
+    assert specs[1]["offload_gib"] == pytest.approx(plain["offload_gib"] / 4), "FP8 weights are 1 byte (tiny is float32)"
+    assert gpu_arm._engine_kwargs(specs[2])["quantization"] == "fp8"
+    block = gpu_arm._engine_kwargs({**specs[2], "quantization": "fp8-block"})
+    assert "quantization" not in block and block["hf_overrides"]["quantization_config"]["weight_block_size"] == [128, 128]
+    assert "quantization" not in gpu_arm._engine_kwargs(plain) and "hf_overrides" not in gpu_arm._engine_kwargs(plain)
+    with pytest.raises(ValueError, match="unknown quantization"):
+        gpu_arm._engine_kwargs({**specs[2], "quantization": "int4"})
+    with pytest.raises(SystemExit):
+        gpu_bench.parse_args(["--quantization", "fp8", "--arms", "reap_30_cpu"])
+
+
+def test_moe_kernel_info_reports_the_bank_and_its_side_tensors() -> None:
+    import torch
+
+    from reap_swap.benchmarks.gpu_arm import moe_kernel_info
+    from reap_swap.server_ext.bank.bank import ExpertBank, PlainBacking
+
+    class Moe(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.quant_method = object()
+            self.w13_weight = torch.nn.Parameter(torch.zeros(6, 8, 4).to(torch.float8_e4m3fn), requires_grad=False)
+            self.w2_weight = torch.nn.Parameter(torch.zeros(6, 4, 4).to(torch.float8_e4m3fn), requires_grad=False)
+            self.w13_weight_scale = torch.nn.Parameter(torch.ones(6), requires_grad=False)
+            params = dict(self.named_parameters())
+            self.reap_bank = ExpertBank(0, params, torch.zeros(6, dtype=torch.int32), 2, PlainBacking(torch.device("cpu")))
+
+    info = moe_kernel_info(torch.nn.Sequential(torch.nn.Linear(2, 2), Moe()))
+    assert info["quant_method"] == "object" and info["w13_weight"][0] == "torch.float8_e4m3fn"
+    assert info["bank"]["banked"] == ["w13_weight", "w2_weight"] and info["bank"]["side"] == {"w13_weight_scale": [8]}
+    assert info["bank"]["physical_rows"] == 8 and info["bank"]["side_bytes"] == 32
+
+
+def test_gpu_fp8_check_names_what_failed() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_fp8_check", Path(__file__).resolve().parents[1] / "scripts" / "gpu_fp8_check.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    bank = {"slots": 38, "physical_rows": 168, "side": {"w13_weight_scale": [168]}}
+    good = {"moe_kernel": {"bank": bank}, "identical_ids": True, "identical_ids_bs8": True}
+    raw = {"stock_gpu": {"tokens_bs1": [1, 2]}, "reap_30": good, "reap_30_ram": dict(good)}
+    assert mod.problems(raw, 38) == []
+    raw["reap_30_ram"] = {**good, "identical_ids_bs8": False, "first_diff": 3}
+    raw["reap_30_cache"] = {"error": "VmmError: the expert bank needs 524416 physical rows"}
+    raw["reap_30"] = {**good, "moe_kernel": {"bank": {**bank, "physical_rows": 524416}}}
+    bad = mod.problems(raw, 38)
+    assert len(bad) == 3 and any("524416" in b and b.startswith("reap_30_cache") for b in bad)
+    assert any(b.startswith("reap_30_ram: identical_ids_bs8=False") for b in bad) and any("unexpected bank" in b for b in bad)
+    assert mod.problems({"reap_30": good}, 38)[0].startswith("stock_gpu: no reference ids")

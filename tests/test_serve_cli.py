@@ -41,7 +41,12 @@ def _files(tmp: Path) -> dict[str, Path]:
     dense = tmp / "dense-model"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    return {"empty": tmp / "empty-token", "folder": tmp / "a-folder", "notjson": tmp / "not-json.json", "dense": dense}
+    fp8 = tmp / "fp8-model"  # the bundled model's config as an FP8 checkpoint would have it
+    fp8.mkdir()
+    cfg = json.loads((MODEL / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (fp8 / "config.json").write_text(json.dumps(cfg))
+    return {"empty": tmp / "empty-token", "folder": tmp / "a-folder", "notjson": tmp / "not-json.json", "dense": dense, "fp8": fp8}
 
 
 def _cases(f: dict[str, Path]) -> dict[str, Case]:
@@ -84,6 +89,10 @@ def _cases(f: dict[str, Path]) -> dict[str, Case]:
         "cpu-step-over-the-split": Case((*r, "--cpu-experts", "--cpu-experts-max-tokens", "65"),
                                         "top-4 routing gives 260 (token, expert) pairs per step"),
         "cpu-path-without-cuda": Case((*r, "--cpu-experts"), "--cpu-experts needs a CUDA device"),
+        "cpu-path-with-fp8-flag": Case((*r, "--cpu-experts", "--quantization", "fp8"),
+                                       "--cpu-experts computes unquantized (bf16/fp16/fp32) experts only; this model would be served with --quantization fp8"),
+        "cpu-path-with-fp8-checkpoint": Case(("--model", str(f["fp8"]), "--resident-experts-per-layer", "4", "--cpu-experts"),
+                                             "with the checkpoint's quantization_config (fp8) experts"),
         # the control token
         "token-file-empty": Case((*r, "--control-token-file", str(f["empty"])), f"--control-token-file {f['empty']} is empty"),
         "token-file-a-folder": Case((*r, "--control-token-file", str(f["folder"])), "cannot read it"),
@@ -140,7 +149,7 @@ def _has_cuda() -> bool:
 
 
 CASE_NAMES = [pytest.param(name, marks=pytest.mark.skipif(name == "cpu-path-without-cuda" and _has_cuda(), reason="CUDA present"))
-              for name in _cases({k: Path("/x") for k in ("empty", "folder", "notjson", "dense")})]
+              for name in _cases({k: Path("/x") for k in ("empty", "folder", "notjson", "dense", "fp8")})]
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)

@@ -6,7 +6,8 @@ Layout of every per-expert parameter (w13, w2, biases, scales), one tensor:
     rows [H, H + E)        host bank   - every expert, pinned host memory on CUDA
 
 ``H >= S`` (a backing may pad the slot region to its page size, and rows to a divisor of it:
-``bank_layout.py``). The routing
+``bank_layout.py``). Small side tensors (scales, biases) have the same rows but are one plain
+device tensor each, outside the paged range (``side_tensors.py``). The routing
 table ``phys_map[e]`` is ``slot(e)`` for residents and ``H + e`` otherwise,
 or, in RAM-complement mode (``exchange.py``), ``H + host_slot[e]`` over only
 ``E - S + K`` host rows (non-residents plus ``K`` spares),
@@ -28,6 +29,7 @@ import torch
 from .bank_layout import BankLayout, contiguous_layout, page_layout
 from .exchange import ComplementLayer, ExchangeCounters, ExchangeOps
 from .host_rows import LayerHostRows, complement_owners
+from .side_tensors import side_bytes, side_rows, split_params
 from .slots import SlotMove, SlotPlan, SlotTable
 
 
@@ -159,6 +161,9 @@ class ExpertBank:
         self.phys_map = phys_map
         self.backing = backing
         self.row_bytes = {n: p[0].numel() * p.element_size() for n, p in params.items()}
+        """Bytes of one expert of every parameter, side tensors included (what a swap copies)."""
+        self.banked, self.side = split_params(self.row_bytes)
+        """Parameter names in the backing's paged range, and the small ones kept whole on the device."""
         self.complement: ComplementLayer | None = None
         self.ops_hook: Callable[[ExchangeOps], ExchangeOps] | None = None
         """Wraps the exchange copies (``swap_repair``'s fault injection on a real server); None in service."""
@@ -174,18 +179,20 @@ class ExpertBank:
             sources = [owners]
         host_owner = sources[0]
         # RAM-complement host rows are exchanged as contiguous byte spans: no row padding there
-        layout = self.layout = backing.layout(num_slots, len(host_owner), list(self.row_bytes.values()), pad=complement is None)
+        layout = self.layout = backing.layout(num_slots, len(host_owner), [self.row_bytes[n] for n in self.banked], pad=complement is None)
         host_offset = layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
         phys: dict[str, torch.Tensor] = {}
         try:
-            for (n, p), stride in zip(params.items(), layout.row_strides):
-                phys[n] = backing.allocate(layout, stride, tuple(p.shape[1:]), p.dtype)
+            for n, stride in zip(self.banked, layout.row_strides):
+                phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype)
         except BaseException:
             for t in phys.values():
                 backing.free(t)
             raise
+        for n in self.side:
+            phys[n] = side_rows(layout.num_rows, params[n].data)
         with torch.no_grad():
             for n, p in params.items():
                 dst, src = phys.pop(n), p.data
@@ -204,7 +211,7 @@ class ExpertBank:
         if complement is not None:
             for slot, e in enumerate(residents):
                 self.table.apply_loads(SlotPlan((), (SlotMove(e, slot),)))
-            rows = LayerHostRows(layer_id, num_experts, len(host_owner), tuple(self.row_bytes.values()), host_owner)
+            rows = LayerHostRows(layer_id, num_experts, len(host_owner), tuple(self.row_bytes[n] for n in self.banked), host_owner)
             self.complement = ComplementLayer(self.table, rows, host_offset)
         backing.synchronize()
         self._publish()
@@ -219,12 +226,24 @@ class ExpertBank:
 
     @property
     def expert_bytes(self) -> int:
+        """One expert's bytes, side tensors included (what a swap copies)."""
         return sum(self.row_bytes.values())
 
     @property
+    def link_bytes(self) -> int:
+        """One expert's bytes in host memory (what a promotion moves over the host link): the banked tensors."""
+        return sum(self.row_bytes[n] for n in self.banked)
+
+    @property
     def slot_bytes(self) -> int:
-        """Bytes of the slot region (device memory on CUDA), padding rows and row padding included."""
-        return self.table.host_row_offset * sum(self.layout.row_strides)
+        """Device memory on CUDA: the banked slot region (padding rows and row padding included) plus
+        every side tensor whole (its host rows too)."""
+        return self.table.host_row_offset * sum(self.layout.row_strides) + self.side_bytes
+
+    @property
+    def side_bytes(self) -> int:
+        """Bytes of the side tensors, all rows (``side_tensors.py``)."""
+        return sum(side_bytes(self.layout.num_rows, self.params[n].data) for n in self.side)
 
     @property
     def host_rows(self) -> int:
@@ -236,8 +255,13 @@ class ExpertBank:
 
     @property
     def host_bytes(self) -> int:
-        """Bytes of the host rows (pinned host memory on CUDA), row padding included."""
+        """Bytes of the banked host rows (pinned host memory on CUDA), row padding included."""
         return self.host_rows * sum(self.layout.row_strides)
+
+    def host_spans(self) -> list[tuple[int, int]]:
+        """(address, bytes) of each banked parameter's host rows, rows back to back (complement mode)."""
+        off, rows = self.table.host_row_offset, self.host_rows
+        return [(self.params[n].data[off].data_ptr(), rows * self.row_bytes[n]) for n in self.banked]
 
     @property
     def counters(self) -> ExchangeCounters:

@@ -36,16 +36,30 @@ def copy_rows_reference(rows: Sequence[torch.Tensor], valid: torch.Tensor, src: 
     a = src_offset + src.to(torch.int64)
     b = torch.where(valid, dst_offset + dst.to(torch.int64), a)
     for t in rows:
+        if t.element_size() == 1 and t.dtype != torch.uint8:  # float8 rows: torch's CPU index_copy_ has no kernel for them
+            t = t.view(torch.uint8)
         t.index_copy_(0, b, t.index_select(0, a))
+
+
+def _dense_row(row: torch.Tensor) -> bool:
+    """A row that covers exactly its elements, in any dimension order."""
+    if row.is_contiguous():
+        return True
+    order = sorted(range(row.dim()), key=lambda i: -row.stride(i))
+    return row.permute(order).is_contiguous()
 
 
 def as_words(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """The tensor as a flat array of 32-bit words (bytes when a row is not word-sized), words per row,
     and words from one row to the next (more than a row in padded banks)."""
-    size = t.element_size()
-    if not t[0].is_contiguous() or t.stride(0) < t[0].numel():
-        raise ValueError("the promotion copy needs bank rows that are contiguous and do not overlap")
-    row_bytes, stride_bytes = t[0].numel() * size, t.stride(0) * size
+    size, row = t.element_size(), t[0]
+    extent = 1 + sum((n - 1) * st for n, st in zip(row.shape, row.stride()))
+    if t.stride(0) < max(row.numel(), extent) or any(st < 0 for st in row.stride()):
+        raise ValueError("the promotion copy needs bank rows that do not overlap")
+    # A dense row (any dimension order) is copied as its elements, a padded one (a TMA-aligned
+    # scale) as its whole span, padding included.
+    row_bytes = (row.numel() if _dense_row(row) else t.stride(0)) * size
+    stride_bytes = t.stride(0) * size
     flat = t.as_strided((t.shape[0] * t.stride(0),), (1,)).view(torch.uint8)
     if row_bytes % 4 == 0 and stride_bytes % 4 == 0 and t.data_ptr() % 4 == 0:
         return flat.view(torch.int32), row_bytes // 4, stride_bytes // 4

@@ -48,6 +48,26 @@ MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
 
+_CPU_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_expert_weights(layer: int, weights: Mapping[str, torch.Tensor], quantization: str | None = None) -> None:
+    """Refuse at load what the CPU expert kernel cannot compute: it reads bf16/fp16/fp32 ``w13_weight``
+    / ``w2_weight`` rows as they are and applies no scale, so quantized experts (FP8: float8 rows and
+    per-expert scales) would give wrong outputs, not an error, if they were let through.
+    ``quantization`` (the model's, if any) only names the cause in the message.
+    """
+    dtypes = {n: t.dtype for n, t in weights.items() if n in ("w13_weight", "w2_weight")}
+    odd = {n: str(d).replace("torch.", "") for n, d in dtypes.items() if d not in _CPU_KERNEL_DTYPES}
+    scales = sorted(n for n in weights if "scale" in n or "zero" in n)
+    if len(dtypes) < 2 or odd or scales:
+        what = ", ".join(filter(None, [f"quantization={quantization!r}" if quantization else "",
+                                       f"expert weights {odd}" if odd else "", f"per-expert scales {scales}" if scales else "",
+                                       "no w13_weight/w2_weight" if len(dtypes) < 2 else ""]))
+        raise CpuPathConfigError(
+            f"--cpu-experts ({ENV_CPU_EXPERTS}=1) computes unquantized bf16/fp16/fp32 experts only; layer {layer} has {what}. "
+            f"Serve this model without --cpu-experts (misses then read the host rows over the link), or serve an unquantized checkpoint")
+
 
 @dataclass(frozen=True)
 class CpuPathSettings:
