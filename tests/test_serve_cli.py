@@ -82,7 +82,6 @@ def _cases(f: dict[str, Path]) -> dict[str, Case]:
                                          "--online-cache-decay (REAP_ONLINE_CACHE_DECAY) must be in"),
         "cache-cap-over-spares": Case((*r, "--online-cache", "lfru", "--online-cache-cap", "6", "--ram-complement"), "is too few"),
         "cpu-knob-without-cpu-path": Case((*r, "--cpu-experts-cpus", "0"), "--cpu-experts-* options need --cpu-experts"),
-        "cpu-path-with-complement": Case((*r, "--cpu-experts", "--ram-complement"), "it cannot run with --ram-complement"),
         "cpu-cores-not-a-list": Case((*r, "--cpu-experts", "--cpu-experts-cpus", "two"), "is not a core list"),
         "cpu-cores-absent": Case((*r, "--cpu-experts", "--cpu-experts-cpus", f"0-{os.cpu_count() or 1}"),
                                  f"this machine has no core {os.cpu_count() or 1}"),
