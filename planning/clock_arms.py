@@ -105,8 +105,8 @@ class Step:
 
 
 def offload_fractions(layers: int, experts: int, expert_bytes: int, offload_bytes: float) -> tuple[float, ...]:
-    """vLLM's first-come UVA offload: w13 (2/3 of an expert) then w2 (1/3), layer by layer (a copy of
-    ``benchmarks/learned/inputs.offload_order_fractions``, which imports torch through its package)."""
+    """vLLM's first-come UVA offload: w13 (2/3 of an expert) then w2 (1/3), layer by layer: each layer's
+    GPU share of its expert bytes (``benchmarks/learned/inputs.offload_order_fractions`` serves it)."""
     w13, w2 = 2 * expert_bytes * experts / 3, expert_bytes * experts / 3
     done, out = 0.0, []
     for _ in range(layers):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from reap_swap.planning.clock_arms import offload_fractions
 from reap_swap.planning.traces import RoutingTrace
 
 from .sets import SetsError  # the one error of a bad sets file, re-exported for the bench
@@ -263,19 +264,9 @@ def offload_order_fractions(layers: int, experts: int, expert_bytes: int, offloa
 
     ``UVAOffloader`` offloads a parameter while the bytes offloaded so far are below the
     budget, so the last parameter may overshoot it. A fallback when the loaded
-    parameters carry no offload marker.
+    parameters carry no offload marker. (One rule with the decode clock's, ``planning.clock_arms``.)
     """
-    w13, w2 = 2 * expert_bytes * experts / 3, expert_bytes * experts / 3
-    done, out = 0.0, []
-    for _ in range(layers):
-        gpu = 0.0
-        for size in (w13, w2):
-            if done < offload_bytes:
-                done += size
-            else:
-                gpu += size
-        out.append(gpu / (w13 + w2))
-    return out
+    return list(offload_fractions(layers, experts, expert_bytes, offload_bytes))
 
 
 SCORE_KEYS = ("hit_rate_decode", "decode_hit_rate", "decode", "hit_rate", "coverage", "mean")
