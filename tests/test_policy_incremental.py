@@ -178,3 +178,50 @@ def test_wishes_expire_and_are_bounded() -> None:
     now[0] = 11.5  # r1 (admitted at 1.0) is older than 10 s
     assert sums.expire() == 1 and sums.keys() == ["r2", "r3"]
     assert np.array_equal(sums.recompute()[1], sums.expert_sum)
+
+
+class StubBackend:
+    """Just enough of ``BackendClient`` for the coordinator: status and swap."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.swaps: list[dict] = []
+
+    async def status(self) -> dict:
+        return {"plan": {"sha256": self.plan.sha256},
+                "resident": {"by_layer": {f"layer_{l}": list(lp.core) for l, lp in self.plan.layers.items()}}}
+
+    async def swap(self, payload: dict) -> dict:
+        from reap_swap.server_ext.control.active_set import signature as sig
+
+        self.swaps.append(payload)
+        target = {int(k.removeprefix("layer_")): tuple(v) for k, v in payload["active_set"].items()}
+        return {"plan_sha256": self.plan.sha256, "active_set_signature": sig(target)}
+
+
+def test_coordinator_admits_into_the_sums_and_releases_out_of_them() -> None:
+    import asyncio
+
+    from reap_swap.proxy.residency import ResidencyCoordinator
+
+    rng = random.Random(3)
+    plan = random_plan(rng)
+    backend = StubBackend(plan)
+    coord = ResidencyCoordinator(backend, ResidencyPolicy(plan), {})  # type: ignore[arg-type]
+    wishes = [random_wish(rng, plan, True) for _ in range(3)]
+
+    async def run() -> None:
+        await coord.sync()
+        for i, w in enumerate(wishes):
+            out = await coord.admit(f"r{i}", w)
+            assert out.status in ("swapped", "kept", "coalesced")
+        assert coord.state()["wishes_in_flight"] == 3
+        ref_target, _, _ = reference_decide(plan, 0.05, "union", wishes, coord.current)
+        assert coord.policy.decide_sums(coord.wishes, coord.current, {}).target == ref_target
+        for i in range(3):
+            coord.release(f"r{i}")
+        coord.release("r0")  # twice: no-op
+        assert coord.state()["wishes_in_flight"] == 0 and not coord.wishes.expert_sum.any() and not coord.wishes.slice_sum.any()
+
+    asyncio.run(run())
+    assert backend.swaps, "a first request's own set is installed"
