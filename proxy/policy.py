@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from reap_swap.planning.expert_select import select_experts
 from reap_swap.plan import Plan
-from reap_swap.selection import select_layer
 from reap_swap.server_ext.control.active_set import signature
+
+from .policy_arrays import PlanArrays
+from .wish_sums import WishSums
 
 Resident = dict[int, tuple[int, ...]]
 
@@ -48,18 +49,15 @@ class Decision:
     kept_fraction: float
 
 
-def _normalized(scores: Sequence[float]) -> list[float]:
-    clipped = [max(float(s), 0.0) for s in scores]
-    total = sum(clipped)
-    return [s / total for s in clipped] if total > 0 else [1.0 / max(len(clipped), 1)] * len(clipped)
-
-
 MODES = ("union", "latest")
 
 
 class ResidencyPolicy:
     """``union`` (default) as described above; ``latest`` = every request installs its own set
-    (the naive per-request swap the seed did), kept for comparison in the benchmark."""
+    (the naive per-request swap the seed did), kept for comparison in the benchmark.
+
+    ``decide_sums`` reads the incrementally kept ``WishSums`` (O(layers x experts) per decision,
+    whatever the number of wishes); ``decide`` builds them from a list first (tests, one-offs)."""
 
     def __init__(self, plan: Plan, hysteresis: float = 0.05, mode: str = "union"):
         if not 0 <= hysteresis < 1:
@@ -69,53 +67,32 @@ class ResidencyPolicy:
         self.plan = plan
         self.hysteresis = hysteresis if mode == "union" else 0.0
         self.mode = mode
+        self.layout = PlanArrays(plan)
 
-    def combined_scores(self, wishes: Sequence[Wish]) -> dict[int, list[float]]:
-        out: dict[int, list[float]] = {}
-        for layer, lp in self.plan.layers.items():
-            acc = [0.0] * len(lp.slices)
-            for w in wishes:
-                for j, s in enumerate(_normalized(w.scores.get(layer, [0.0] * len(lp.slices)))):
-                    acc[j] += s
-            out[layer] = acc
-        return out
-
-    def _value(self, layer: int, experts: Sequence[int], slice_scores: Sequence[float]) -> float:
-        """Score a resident set captures: each slice counts by the fraction of it resident."""
-        have = set(experts)
-        lp = self.plan.layers[layer]
-        return sum(sc * len(have & set(s.experts)) / len(s.experts) for s, sc in zip(lp.slices, slice_scores) if s.experts)
-
-    def combined_expert_scores(self, wishes: Sequence[Wish]) -> dict[int, list[float]]:
-        out: dict[int, list[float]] = {}
-        for layer, lp in self.plan.layers.items():
-            acc = [0.0] * lp.num_experts
-            for w in wishes:
-                for e, s in enumerate(_normalized(w.expert_scores.get(layer, [0.0] * lp.num_experts))):
-                    acc[e] += s
-            out[layer] = acc
+    def sums(self, wishes: Sequence[Wish]) -> WishSums:
+        out = WishSums(self.plan, max_wishes=max(len(wishes), 1))
+        for i, w in enumerate(wishes):
+            out.add(str(i), w)
         return out
 
     def decide(self, wishes: Sequence[Wish], current: Mapping[int, tuple[int, ...]], prior: Mapping[int, Sequence[float]] | None = None) -> Decision:
-        if not wishes:
+        return self.decide_sums(self.sums(wishes), current, prior)
+
+    def decide_sums(self, sums: WishSums, current: Mapping[int, tuple[int, ...]], prior: Mapping[int, Sequence[float]] | None = None) -> Decision:
+        if not len(sums):
             return Decision(dict(current), signature(current), False, "no requests in flight", 1.0)
         if self.mode == "latest":
-            wishes = [wishes[-1]]
-        per_expert = all(w.expert_scores for w in wishes)
-        scores = self.combined_expert_scores(wishes) if per_expert else self.combined_scores(wishes)
-        target: Resident = {}
-        kept = got = 0.0
-        for layer, lp in self.plan.layers.items():
-            cur = current.get(layer, lp.core)
-            if per_expert:
-                chosen = select_experts(lp, scores[layer])
-                got += sum(scores[layer][e] for e in chosen)
-                kept += sum(scores[layer][e] for e in cur if 0 <= e < lp.num_experts)
-            else:
-                chosen, _ = select_layer(lp, scores[layer], prior.get(layer) if prior else None)
-                got += self._value(layer, chosen, scores[layer])
-                kept += self._value(layer, cur, scores[layer])
-            target[layer] = tuple(chosen)
+            last = sums.latest()
+            assert last is not None
+            per_expert = last.experts is not None
+            scores = last.experts if last.experts is not None else last.slices
+        else:
+            per_expert = sums.without_experts == 0
+            scores = sums.expert_sum if per_expert else sums.slice_sum
+        if per_expert:
+            target, got, kept = self.layout.select_experts(scores, current)
+        else:
+            target, got, kept = self.layout.select_slices(scores, current, prior)
         sig = signature(target)
         fraction = kept / got if got > 0 else 1.0
         if sig == signature(current):

@@ -23,13 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cachetools import TTLCache
-
 from reap_swap.selection import to_payload
 from reap_swap.server_ext.control.active_set import signature
 
 from .backend import BackendClient, BackendError
 from .policy import Decision, ResidencyPolicy, Resident, Wish
+from .wish_sums import WishSums
 
 logger = logging.getLogger("reap_swap.proxy")
 SYNC_RETRY_S = 2.0
@@ -57,7 +56,9 @@ class ResidencyCoordinator:
         self.prior = prior
         self.wait_s = wait_s
         self.plan_sha = policy.plan.sha256
-        self.wishes: TTLCache[str, Wish] = TTLCache(max_wishes, wish_ttl_s)
+        self.wishes = WishSums(policy.plan, max_wishes, wish_ttl_s)
+        """The in-flight wishes' score sums: added on admit, subtracted on release, so a decision costs
+        O(layers x experts) in the event loop whatever the number of requests in flight."""
         self.current: Resident = {i: tuple(lp.core) for i, lp in policy.plan.layers.items()}
         self._lock = asyncio.Lock()
         self._generation = 0
@@ -118,7 +119,7 @@ class ResidencyCoordinator:
             self._last_sync_try = -1e9
 
     async def admit(self, request_id: str, wish: Wish) -> SwapOutcome:
-        self.wishes[request_id] = wish
+        self.wishes.add(request_id, wish)
         await self._maybe_sync()
         if self.disabled is not None or not self.synced:
             return SwapOutcome("disabled", signature(self.current), self.disabled or f"backend state unknown ({self.last_error})")
@@ -135,7 +136,7 @@ class ResidencyCoordinator:
         return outcome
 
     def release(self, request_id: str) -> None:
-        self.wishes.pop(request_id, None)
+        self.wishes.discard(request_id)
 
     async def _install(self, gen: int, request_id: str) -> SwapOutcome:
         async with self._lock:
@@ -143,7 +144,8 @@ class ResidencyCoordinator:
                 last = self._last
                 return SwapOutcome("coalesced", last.signature, f"covered by the install of {last.installed_by}", installed_by=last.installed_by)
             upto = self._generation
-            decision: Decision = self.policy.decide(list(self.wishes.values()), self.current, self.prior)
+            self.wishes.expire()
+            decision: Decision = self.policy.decide_sums(self.wishes, self.current, self.prior)
             if not decision.swap:
                 outcome = SwapOutcome("kept", decision.signature, decision.reason, installed_by=request_id)
             else:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-classify": ("reap_swap.classifier.bench:main", "classifier latency idle and while vLLM generates for N streams"),
     "proxy": ("reap_swap.proxy.cli:main", "OpenAI-compatible routing proxy in front of reap-swap serve"),
     "bench-proxy": ("reap_swap.proxy.bench:main", "proxy overhead and concurrency policies, side by side"),
+    "bench-proxy-scaling": ("reap_swap.benchmarks.proxy_scaling:main", "the proxy's policy decision time at 1/64/256 in-flight wishes and the per-request miss read, before/after (table + JSON)"),
     "bench-ledger-soak": ("reap_swap.benchmarks.ledger_soak:main", "N proxied requests, each reset by the proxy, on the tiny model: the miss ledger must keep none of them"),
     "bench-gpu": ("reap_swap.benchmarks.gpu_bench:main", "stock vLLM vs reap-swap on the GPU, one process per arm (table + JSON)"),
     "record-traces": ("reap_swap.planning.trace_record:main", "record a model's routing token by token into a routing trace (.npz)"),

@@ -266,6 +266,10 @@ class WorkerResidency:
         """Book every request's sums so far into the ledger (blocks; for reports only)."""
         self.accounting.flush()
 
+    def flush_request(self, client_id: str) -> int:
+        """Book one client's sums so far (blocks on its copies only; ``/router_misses/{id}``)."""
+        return self.accounting.flush_request(client_id)
+
     def swap(self, target: dict[str, list[int]]) -> dict[str, Any]:
         wanted: dict[int, tuple[int, ...]] = {}
         for key, ids in target.items():
@@ -436,7 +440,7 @@ class ReapWorkerExtension:
 
     def reap_router_misses(self, client_id: str, reset: bool = False) -> dict[str, Any] | None:
         self._reap().reads["reap_router_misses"] += 1
-        self._reap().flush()
+        self._reap().flush_request(client_id)  # that request's slots only: O(1) per report, not O(live requests)
         ledger = self._reap().ledger
         report = ledger.report(client_id)
         if report is not None and reset:

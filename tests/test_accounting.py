@@ -170,3 +170,26 @@ def test_a_reset_live_request_that_runs_on_is_booked_again() -> None:
     acct.finish(["a"])
     got = ledger.collect("a")
     assert got is not None and got.tokens == 1 and got.steps == 1
+
+
+def test_one_request_report_drains_only_that_requests_rows() -> None:
+    """``/router_misses/{id}`` books one request: the others' device rows stay as they were (no copy,
+    no zeroing), and their sums are still exact when they are read later."""
+    acct, ledger, brute = _run(STEPS, {}, capacity=8)  # a, b, c, d all live
+    rows_before = {rid: acct.arena.acc[acct.slots.get(rid)].clone() for rid in "bcd"}
+    drains = acct.drains
+    assert acct.flush_request("a") == 1 and acct.drains == drains + 1
+    assert ledger.engine_ids_for(ALL_REQUESTS) == ["a"]
+    _check(ledger, brute, "a")
+    assert acct.arena.acc[acct.slots.get("a")].abs().sum() == 0
+    for rid, row in rows_before.items():
+        assert torch.equal(acct.arena.acc[acct.slots.get(rid)], row), f"{rid}'s accumulators were touched"
+    assert acct.flush_request("a") == 0, "nothing new for a: no drain"
+    assert acct.flush_request("nobody") == 0
+    assert acct.flush_request("c") == 1
+    _check(ledger, brute, "c")
+    ledger.reset("c")
+    acct.flush()  # a later all-requests read books b and d, exactly; a and c add nothing
+    for rid in "abd":
+        _check(ledger, brute, rid)
+    assert ledger.collect("c") is None

@@ -5,7 +5,8 @@ banked layer to its request's slot in ``arena.acc`` (``routing_kernels``).
 The host work per step is building the step's token-row -> slot map and one
 asynchronous copy of it from a pinned ring buffer; nothing waits for the GPU.
 A slot is read back (``drain``) only when its request finishes, when its slot
-is needed by another request, or when a report is asked for: an asynchronous
+is needed by another request, or when a report is asked for (a one-request
+report drains that request's slots only, ``flush_request``): an asynchronous
 copy into pinned memory plus an event, booked into the ``MissLedger`` once
 the event has completed (checked without blocking after each step; a report
 blocks until everything is booked).
@@ -22,7 +23,7 @@ import torch
 
 from .arena import RoutingArena
 from .capture import StepLayout
-from .misses import MissLedger, RequestMisses
+from .misses import ALL_REQUESTS, MissLedger, RequestMisses, engine_id_matches
 from .request_slots import RequestSlots
 from .routing_kernels import MASS, MISSED, MISSED_MASS, ROUTED, accumulate_step
 
@@ -147,6 +148,24 @@ class RoutingAccounting:
             self._drain(rid, slot)
         for slot in list(self._pending):
             self._book_slot(slot)
+
+    def flush_request(self, client_id: str) -> int:
+        """Book one client's sums so far (its live slots, its copies in flight) and nobody else's: what
+        ``/router_misses/{id}`` needs, at the cost of that request's rows only (one copy + event each)
+        instead of every live request's. Others' device rows and pending copies are left alone; their
+        sums are booked when they finish or are read. Returns the drains issued. ``__all__``: ``flush``."""
+        if client_id == ALL_REQUESTS:
+            before = self.drains
+            self.flush()
+            return self.drains - before
+        before = self.drains
+        for rid, slot in self.slots.live():
+            if engine_id_matches(rid, client_id):
+                self._drain(rid, slot)
+        for slot, d in list(self._pending.items()):
+            if engine_id_matches(d.request_id, client_id):
+                self._book_slot(slot)
+        return self.drains - before
 
     def _drain(self, request_id: str, slot: int) -> None:
         tokens, steps = self._tally.pop(request_id, (0, 0))
