@@ -142,14 +142,18 @@ class LFRU(LRU):
         self.count *= self.decay
         self.count[routed] += self.count.dtype.type(1.0)
 
-    def access(self, routed: np.ndarray, mass: np.ndarray) -> StepResult:
+    def access(self, routed: np.ndarray, mass: np.ndarray, exclude: np.ndarray | None = None) -> StepResult:
+        """``exclude`` (capped only): experts never candidates this step (composed mode: the CPU computes them)."""
         if self.cap is None:
             return super().access(routed, mass)
         hits = self.resident[routed].copy()
         self._touch(routed, mass)
         in_step = np.zeros(self.num_experts, dtype=bool)
         in_step[routed] = True
-        cand = np.flatnonzero(in_step & ~self.resident)
+        wanted = in_step & ~self.resident
+        if exclude is not None:
+            wanted[np.asarray(exclude, dtype=np.int64)] = False
+        cand = np.flatnonzero(wanted)
         cand = cand[np.argsort(-self.count[cand], kind="stable")][: self.cap]
         free = self.slots - int(self.resident.sum())
         victims = np.flatnonzero(self.resident & ~in_step & ~self.protected)

@@ -16,7 +16,11 @@ steps but the first and the last, 61 per request at bs1, 120 at bs8 as in the be
 * either with ``cpu`` -- the CPU path's split (``server_ext/cpu_experts/split.plan_split``, ported:
   per layer step of at most ``max_tokens`` tokens, the CPU takes the ``n`` missed experts with the
   fewest missed pairs that minimise ``max(link, cpu)`` under the server's cost model; after the
-  cache's promotions, so a promoted miss is never also computed on the CPU).
+  cache's promotions, so a promoted miss is never also computed on the CPU);
+* ``fast`` -- the composed mode (``serve --fast``, ``server_ext/layer.py``): the split runs first on
+  the step's misses as routed, choosing ``n`` by the same cost model and which experts by the
+  cache's scores before this step's update (lowest first, ties: fewest missed pairs, lowest id);
+  the cache then updates its scores and promotes up to its cap from the link's share only.
 """
 
 from __future__ import annotations
@@ -42,16 +46,19 @@ class SplitRule:
     max_tokens: int = 8
 
 
-def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int) -> np.ndarray:
+def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
+              priority: np.ndarray | None = None) -> np.ndarray:
     """Indices (into ``pairs``: one layer step's missed experts, in id order) the CPU computes.
 
-    ``plan_split``'s rule: candidates by (missed pairs, id); the first ``n`` minimising
+    ``plan_split``'s rule: candidates by (missed pairs, id) -- with ``priority`` (the cache's scores,
+    composed mode) by (priority, missed pairs, id); the first ``n`` minimising
     ``max(cpu(n), link(n))`` (ties: the smallest ``n``); none when the step has too many tokens.
     """
     m = len(pairs)
     if m == 0 or tokens > rule.max_tokens:
         return np.empty(0, dtype=np.int64)
-    order = np.lexsort((np.arange(m), pairs))
+    keys = (np.arange(m), pairs) if priority is None else (np.arange(m), pairs, np.asarray(priority, dtype=np.float32))
+    order = np.lexsort(keys)
     prefix = np.concatenate([[0], np.cumsum(pairs[order])])
     n = np.arange(m + 1, dtype=np.float64)
     cpu = (n > 0) * rule.fixed_s + n * (expert_bytes / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
@@ -71,7 +78,7 @@ class CacheRule:
 @dataclass(frozen=True)
 class Arm:
     name: str
-    kind: str  # stock_gpu | stock_offload | static | cache
+    kind: str  # stock_gpu | stock_offload | static | cache | fast (cache + cpu, split first)
     cache: CacheRule | None = None
     cpu: SplitRule | None = None
     gpu_fraction: tuple[float, ...] = ()
@@ -147,7 +154,7 @@ class _Layers:
         for l, ids in batch.sets.items():
             self.resident[l, np.asarray(ids, dtype=np.int64)] = True
         self.caches: list[LFRU] = []
-        if arm.kind == "cache":
+        if arm.kind in ("cache", "fast"):
             r = arm.cache or CacheRule()
             for l in range(layers):
                 start = np.flatnonzero(self.resident[l])
@@ -167,12 +174,12 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
     """Every engine step of ``batches`` under ``arm``, with its per-layer counts."""
     L, E = trace.num_layers, trace.num_experts
     out: list[Step] = []
-    reap = arm.kind in ("static", "cache")
+    reap = arm.kind in ("static", "cache", "fast")
     for batch in batches:
         state = _Layers(arm, batch, L, E, slots)
         for timed, decode, rows in batch_steps(trace, batch):
             tokens = len(rows)
-            c = StepCounts.zeros(L, tokens, cache=arm.kind == "cache", cpu_path=arm.cpu is not None and tokens <= arm.cpu.max_tokens,
+            c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast"), cpu_path=arm.cpu is not None and tokens <= arm.cpu.max_tokens,
                                  reap=reap)
             if arm.kind == "stock_offload":
                 c.resident, c.link = c.resident.astype(float), c.link.astype(float)
@@ -188,6 +195,9 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                     c.resident[l], c.link[l] = f * len(experts), (1.0 - f) * len(experts)
                     missed_pairs += int(round((1.0 - f) * per.sum()))
                     continue
+                if arm.kind == "fast":
+                    missed_pairs += _fast_layer(state.caches[l], experts, per, arm.cpu, expert_bytes, tokens, c, l)
+                    continue
                 hit, promoted = state.access(l, experts)
                 missed_pairs += int(per[~hit].sum())
                 miss = ~hit & ~promoted
@@ -199,3 +209,21 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                 c.link[l] = int(miss.sum()) - len(to_cpu)
             out.append(Step(timed, decode, c, pairs, missed_pairs))
     return out
+
+
+def _fast_layer(cache: LFRU, experts: np.ndarray, per: np.ndarray, rule: SplitRule | None, expert_bytes: int,
+                tokens: int, c: StepCounts, l: int) -> int:
+    """One layer step of the composed mode into ``c`` (see module doc); returns its missed pairs."""
+    hit = cache.resident[experts].copy()
+    miss = np.flatnonzero(~hit)
+    prio = cache.count[experts[miss]].copy()  # the scores before this step's update
+    to_cpu = split_cpu(per[miss], rule, expert_bytes, tokens, prio) if rule is not None else np.empty(0, dtype=np.int64)
+    on_cpu = experts[miss[to_cpu]]
+    res = cache.access(experts, np.zeros(len(experts)), exclude=on_cpu)
+    promoted = cache.resident[experts] & ~res.hits
+    c.promoted[l] = int(promoted.sum())
+    c.resident[l] = int((hit | promoted).sum())
+    c.cpu[l] = len(to_cpu)
+    c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
+    c.link[l] = len(miss) - len(to_cpu) - int(promoted.sum())
+    return int(per[~hit].sum())

@@ -31,7 +31,9 @@ TOLERANCE = 0.10
 ISSUE25 = {"stock_gpu": (468.4, 1986.0), "stock_offload": (37.2, 70.3), "reap_cache": (119.6, 163.1),
            "reap_static_cpu": (175.7, 315.4), "reap_cache_cpu": (118.0, 245.3)}
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_classifier_complement",
-        "reap_cache", "reap_static_cpu", "reap_cache_cpu")
+        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast")
+PREDICTED = ("reap_fast",)
+"""Arms with no measurement yet (serve --fast, the composed order): their measured fields are null."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:
@@ -103,6 +105,8 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
     if arm == "stock_offload":
         gib = float(src.get(LEARNED, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
+    if arm == "reap_fast":
+        return Arm(arm, "fast", cache=cache, cpu=cpu)
     if arm in ("reap_cache", "reap_cache_cpu"):
         return Arm(arm, "cache", cache=cache, cpu=cpu if arm == "reap_cache_cpu" else None)
     return Arm(arm, "static", cpu=cpu if arm == "reap_static_cpu" else None)
@@ -163,6 +167,8 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path) -> Clock
 
 def measured_ms(src: Sources, arm: str, bs: int) -> tuple[float | None, str]:
     """The arm's measured median decode step (ms) and where it comes from."""
+    if arm in PREDICTED:
+        return None, "prediction: no measurement of this arm yet"
     if arm == "reap_cache_cpu":
         tok = ISSUE25[arm][0 if bs == 1 else 1]
         return bs * 1e3 / tok, f"issue 25 text: {tok} tok/s (its run JSON is not committed)"
@@ -192,7 +198,7 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
             issue = ISSUE25.get(arm)
             mean = lambda f: float(np.mean([f(s.counts) for s in timed]))  # noqa: E731
             rows.append({
-                "arm": arm, "batch": bs, "measured_ms": meas, "measured_from": source, "simulated_ms": sim,
+                "arm": arm, "batch": bs, "prediction": arm in PREDICTED, "measured_ms": meas, "measured_from": source, "simulated_ms": sim,
                 "error_pct": 100.0 * (sim - meas) / meas if meas else None,
                 "within_10pct": abs(sim - meas) <= TOLERANCE * meas if meas else None,
                 "measured_tok_s": bs * 1e3 / meas if meas else None, "simulated_tok_s": bs * 1e3 / sim,
@@ -226,17 +232,18 @@ def choices(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clo
     out = []
     for bs in (1, 8):
         batches = workload(src, trace, sets, "reap_cache", bs)
-        for cpu in (False, True):
+        for cpu, fast in ((False, False), (True, False), (True, True)):
             rows = []
             for cap in caps:
                 rule = None if cap == 0 or base.cache is None else CacheRule(cap, base.cache.decay, base.cache.hysteresis, base.cache.prior_weight)
-                arm = Arm(f"cap{cap}", "static" if rule is None else "cache", cache=rule, cpu=base.cpu if cpu else None)
+                kind = "static" if rule is None else ("fast" if fast else "cache")
+                arm = Arm(f"cap{cap}", kind, cache=rule, cpu=base.cpu if cpu else None)
                 steps = replay(trace, batches, arm, eb, int(sets["slots_per_layer"]))
                 dec = [s for s in steps if s.decode]
                 rows.append({"cap": cap, "hit_rate_decode": 1.0 - sum(s.missed_pairs for s in dec) / sum(s.pairs for s in dec),
                              "step_ms": float(np.median([step_ms(clock, s.counts, eb).total for s in steps if s.timed]))})
             by_step, by_hits = min(rows, key=lambda r: r["step_ms"]), max(rows, key=lambda r: r["hit_rate_decode"])
-            out.append({"batch": bs, "cpu_path": cpu, "caps": rows, "chosen_by_step_time": by_step["cap"],
+            out.append({"batch": bs, "cpu_path": cpu, **({"order": "fast (split first)"} if fast else {}), "caps": rows, "chosen_by_step_time": by_step["cap"],
                         "chosen_by_hit_rate": by_hits["cap"], "step_time_speedup_over_hit_rate_choice": by_hits["step_ms"] / by_step["step_ms"]})
     return out
 
@@ -247,11 +254,11 @@ def table(report: dict[str, Any]) -> str:
     fmt: Callable[[Any, str], str] = lambda x, f: "n/a" if x is None else format(x, f)  # noqa: E731
     for r in report["rows"]:
         p = r["per_step"]
-        lines.append(f"| {r['arm']} | {r['batch']} | {fmt(r['measured_ms'], '.2f')} | {r['simulated_ms']:.2f} | {fmt(r['error_pct'], '+.1f')} | "
+        lines.append(f"| {r['arm']}{' (prediction)' if r.get('prediction') else ''} | {r['batch']} | {fmt(r['measured_ms'], '.2f')} | {r['simulated_ms']:.2f} | {fmt(r['error_pct'], '+.1f')} | "
                      f"{fmt(r['measured_tok_s'], '.1f')} | {r['simulated_tok_s']:.1f} | {p['link']:.1f} / {p['cpu']:.1f} / {p['promoted']:.1f} |")
     for c in report.get("choices", []):
         caps = ", ".join(f"{r['cap']}: {r['step_ms']:.2f} ms / hit {r['hit_rate_decode']:.3f}" for r in c["caps"])
-        lines.append(f"\ncap (0 = static) at bs{c['batch']}{' + CPU path' if c['cpu_path'] else ''}: {caps}; by step time {c['chosen_by_step_time']}, "
+        lines.append(f"\ncap (0 = static) at bs{c['batch']}{' + CPU path' if c['cpu_path'] else ''}{', ' + c['order'] if c.get('order') else ''}: {caps}; by step time {c['chosen_by_step_time']}, "
                      f"by hit rate {c['chosen_by_hit_rate']} ({c['step_time_speedup_over_hit_rate_choice']:.2f}x)")
     verdict = "every reap arm within 10 %" if report["all_reap_within_10pct"] else f"NOT every reap arm within 10 % (worst: {report['worst_reap']})"
     return "\n".join(lines) + f"\n\n{verdict}; fitted: {', '.join(report['fitted']['constants'])} on {', '.join(report['fitted']['on_arms'])}\n"

@@ -105,8 +105,10 @@ def test_h200_calibration_loads_and_every_measured_constant_names_its_file_and_k
 def test_committed_validation_holds_every_reap_arm_within_ten_percent() -> None:
     report = json.loads((RESULTS / "simulate_clock_h200.json").read_text())
     assert report["clock"] == load_clock(RESULTS / "step_time_h200.json").to_json()
-    reap = [r for r in report["rows"] if r["arm"].startswith("reap")]
+    reap = [r for r in report["rows"] if r["arm"].startswith("reap") and not r.get("prediction")]
     assert {r["batch"] for r in reap} == {1, 8} and len(reap) == 14
+    fast = [r for r in report["rows"] if r.get("prediction")]  # serve --fast: predicted, not measured yet
+    assert [r["arm"] for r in fast] == ["reap_fast"] * 2 and all(r["measured_ms"] is None and r["simulated_ms"] > 0 for r in fast)
     assert report["all_reap_within_10pct"] and all(abs(r["error_pct"]) <= 10.0 for r in reap)
     assert report["fitted"] == {"constants": ["base_ms"], "on_arms": ["stock_gpu"]}
 
@@ -163,6 +165,33 @@ def test_cpu_split_by_hand_and_on_the_arm() -> None:
     assert steps[0].counts.cpu_path  # a 2-token prefill is a small step: the server's path takes it too
     narrow = replay(_tiny(), _batch(), Arm("sc", "static", cpu=SplitRule(50.0, 50.0, 0.0, 0.0, max_tokens=1)), MB50, slots=2)  # type: ignore[arg-type]
     assert narrow[0].counts.cpu.sum() == 0 and not narrow[0].counts.cpu_path and narrow[2].counts.cpu[0] == 1
+
+
+def test_fast_order_split_first_by_hand() -> None:
+    """One layer, 4 experts, top-2, 3 slots holding {0} (prior 2.0), cap 2, decay 0.5, the split as above.
+
+    Prefill row [0, 3]: one miss, the split keeps it on the link (1 ms either way: smallest n), 3 is
+    promoted. Scores then 0: 2, 3: 1; decode row [1, 2] (both missed, scores 0 before the update).
+    Cache first: 1 fills the free slot, 2 (1.0) evicts 3 (0.5): 2 promoted, nothing on the CPU.
+    Split first: n = 1, the CPU takes 1 (equal scores and pairs: lowest id), the cache promotes 2 only.
+    """
+    rule = SplitRule(link_GBps=50.0, cpu_GBps=50.0, fixed_s=0.0, pair_s=0.0)
+    assert list(split_cpu(np.array([1, 1]), rule, MB50, 1, priority=np.array([5.0, 0.0]))) == [1]  # the colder one
+    assert list(split_cpu(np.array([1, 2]), rule, MB50, 1, priority=np.array([0.0, 0.0]))) == [0]  # ties: fewest pairs
+    ids = np.array([[[0, 3]], [[1, 2]]], dtype=np.int64)
+    meta = {"model": {"path": "tiny"}, "moe_layers": [0], "num_experts": 4, "top_k": 2, "expert_bytes": MB50}
+    trace = build(meta, [RequestRoute("r0", np.array([PREFILL, DECODE], dtype=np.uint8), ids, np.full(ids.shape, 0.5), {})])
+    batch = [Batch((Request(0, 1, 2),), {0: np.array([0])})]
+    cache = CacheRule(cap=2, decay=0.5)
+    old = replay(trace, batch, Arm("cc", "cache", cache=cache, cpu=rule), MB50, slots=3)  # type: ignore[arg-type]
+    new = replay(trace, batch, Arm("f", "fast", cache=cache, cpu=rule), MB50, slots=3)  # type: ignore[arg-type]
+    for steps in (old, new):
+        p = steps[0].counts
+        assert (p.promoted[0], p.cpu[0], p.link[0], p.resident[0]) == (1, 0, 0, 2)
+    o, n = old[1].counts, new[1].counts
+    assert (o.promoted[0], o.cpu[0], o.link[0], o.resident[0]) == (2, 0, 0, 2)
+    assert (n.promoted[0], n.cpu[0], n.cpu_pairs[0], n.link[0], n.resident[0]) == (1, 1, 1, 0, 1)
+    assert old[1].missed_pairs == new[1].missed_pairs == 2 and n.cache and n.cpu_path and n.reap
 
 
 def test_split_matches_the_servers_plan_split() -> None:
@@ -241,7 +270,9 @@ def test_calibration_file_is_what_calibrate_builds_from_the_committed_results() 
 def test_committed_choices_part_ways_only_with_the_cpu_path() -> None:
     choices = json.loads((RESULTS / "simulate_clock_h200.json").read_text())["choices"]
     for c in choices:
-        if c["cpu_path"]:
+        if c["cpu_path"] and c.get("order"):  # the fast order: still the static set by step time (a prediction)
+            assert c["chosen_by_step_time"] == 0
+        elif c["cpu_path"]:
             assert c["chosen_by_step_time"] == 0 and c["chosen_by_hit_rate"] > 0 and c["step_time_speedup_over_hit_rate_choice"] > 1.1
         else:
             assert c["chosen_by_step_time"] == c["chosen_by_hit_rate"]
