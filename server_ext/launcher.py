@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
 import runpy
@@ -28,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from reap_swap.cli import HelpFormatter
-from reap_swap.models.families import UnsupportedModelError, layout_for
+from reap_swap.models.families import UnsupportedModelError, layout_for, read_config
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
 
 from . import config as reap_config
@@ -175,6 +174,13 @@ def _with_flags(message: str, from_flags: dict[str, str]) -> str:
     return pattern.sub(lambda m: f"{flag_of[m.group(1)]} ({m.group(1)})", message)
 
 
+def with_fast(args: argparse.Namespace) -> argparse.Namespace:
+    """``--fast`` as what it stands for: ``--online-cache lfru`` (unless a policy is given) and ``--cpu-experts``."""
+    if not getattr(args, "fast", False):
+        return args
+    return argparse.Namespace(**{**vars(args), "online_cache": args.online_cache or "lfru", "cpu_experts": True})
+
+
 def validated_env(args: argparse.Namespace) -> dict[str, str]:
     """Check our flags (and the REAP_* variables already set) against the model; the REAP_* variables
     for vLLM's processes, less the control token. Raises ServeError; reads files, writes nothing."""
@@ -212,8 +218,7 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
             if args.complement_spares < 1:
                 raise ServeError(f"--complement-spares must be >= 1, got {args.complement_spares}")
             env[reap_config.ENV_SPARES] = str(args.complement_spares)
-    if getattr(args, "fast", False):
-        args = argparse.Namespace(**{**vars(args), "online_cache": args.online_cache or "lfru", "cpu_experts": True})
+    args = with_fast(args)
     _online_cache_env(args, env)
     _cpu_experts_env(args, env)
     # What every vLLM process will read: the REAP_* variables already set, overridden by our flags.
@@ -318,8 +323,8 @@ def quantization_of(passthrough: list[str], model_dir: Path) -> str | None:
         if arg.startswith("--quantization="):
             return f"--quantization {arg.split('=', 1)[1]}"
     try:
-        method = json.loads((model_dir / "config.json").read_text()).get("quantization_config", {}).get("quant_method")
-    except (OSError, ValueError, AttributeError):
+        method = (read_config(model_dir).get("quantization_config") or {}).get("quant_method")
+    except (UnsupportedModelError, AttributeError):
         return None
     return f"the checkpoint's quantization_config ({method})" if method else None
 
@@ -347,6 +352,7 @@ def _server_module() -> str:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args, passthrough = parser.parse_known_args(argv)
+    args = with_fast(args)  # every check below sees --fast's --cpu-experts
     try:  # every check before anything changes: the token file is written last, the environment after it
         env = validated_env(args)
         given_token(args)

@@ -90,6 +90,8 @@ def _cases(f: dict[str, Path]) -> dict[str, Case]:
         "cpu-path-without-cuda": Case((*r, "--cpu-experts"), "--cpu-experts needs a CUDA device"),
         "cpu-path-with-fp8-flag": Case((*r, "--cpu-experts", "--quantization", "fp8"),
                                        "--cpu-experts computes unquantized (bf16/fp16/fp32) experts only; this model would be served with --quantization fp8"),
+        "fast-with-fp8-flag": Case((*r, "--fast", "--quantization", "fp8"), "this model would be served with --quantization fp8"),
+        "fast-without-cuda": Case((*r, "--fast"), "--cpu-experts needs a CUDA device"),
         "cpu-path-with-fp8-checkpoint": Case(("--model", str(f["fp8"]), "--resident-experts-per-layer", "4", "--cpu-experts"),
                                              "with the checkpoint's quantization_config (fp8) experts"),
         # the control token
