@@ -154,11 +154,10 @@ class RoutingAccounting:
         ``/router_misses/{id}`` needs, at the cost of that request's rows only (one copy + event each)
         instead of every live request's. Others' device rows and pending copies are left alone; their
         sums are booked when they finish or are read. Returns the drains issued. ``__all__``: ``flush``."""
+        before = self.drains
         if client_id == ALL_REQUESTS:
-            before = self.drains
             self.flush()
             return self.drains - before
-        before = self.drains
         for rid, slot in self.slots.live():
             if engine_id_matches(rid, client_id):
                 self._drain(rid, slot)
