@@ -91,6 +91,7 @@ class ResidentRoutedExperts(RoutedExperts):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.reap_bank: ExpertBank | None = None
+        self.reap_bank_rows: list[torch.Tensor] = []
         self.reap_cache: LayerCache | None = None
         self.reap_cpu_path: LayerCpuPath | None = None
         self.reap_complement_fallback: str | None = None
@@ -160,6 +161,9 @@ class ResidentRoutedExperts(RoutedExperts):
         if bank is None:
             bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing)
         self.reap_bank = bank
+        self.reap_bank_rows = [p.data for p in bank.params.values()]
+        """Every per-expert parameter's bank tensor, bound once here (the bank never rebinds them): the
+        promotion step's copy list, not rebuilt per layer step."""
         self._check_kernel_operands()
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
@@ -284,8 +288,7 @@ class ResidentRoutedExperts(RoutedExperts):
                 gpu_ids = cpu.before_experts(x, topk_ids, topk_weights, phys, self.reap_host_offset, arena.valid_rows,
                                              priority=cache.score if cache is not None else None)
                 if cache is not None:
-                    rows = [p.data for p in self.reap_bank.params.values()]
-                    gpu_ids = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap],
+                    gpu_ids = cache.step(topk_ids, self.reap_bank_rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap],
                                          cpu_pairs=cpu.pending_pairs, filler=cpu.filler_row)
                 phys = gpu_ids
                 try:
@@ -297,8 +300,7 @@ class ResidentRoutedExperts(RoutedExperts):
                     raise RuntimeError(f"layer {self.reap_layer_id}: vLLM's moe_sum was not called, the CPU experts' outputs would be lost")
                 return out
             if cache is not None and topk_ids.shape[0] > 0:
-                rows = [p.data for p in self.reap_bank.params.values()]
-                phys = cache.step(topk_ids, rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
+                phys = cache.step(topk_ids, self.reap_bank_rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
             topk_ids = phys
         return super().forward_modular(
             x=x,
