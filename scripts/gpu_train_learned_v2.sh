@@ -27,7 +27,9 @@ RS="import sys; from reap_swap.cli import main; sys.exit(main(sys.argv[1:]))"
 # balanced on its own; HF's concatenated loss let v1's layers collapse (46.5 experts for 90 % mass, target 55-70).
 # Run 1 (per-layer 0.01) overshot to 93.6 experts for 90 % mass; v1's pooled loss collapsed layers (46.5). Run 2 takes
 # per-layer 0.001: the proxies' slope (per-layer 0.01 -> 0.05: +18 experts) carried to the GPU run puts it near 65-70.
-ROUTER=${ROUTER:---aux-coef 0.001 --aux-per-layer}
+# Run 3 (round 2 of the sweep, "chosen_round2"): runs 1 and 2a spread the mass but reused few experts at the next token and
+# kept the early layers concentrated; a stickiness loss and a depth-graded per-layer balance aim at those two directly.
+ROUTER=${ROUTER:---aux-coef 0.015 --aux-per-layer --aux-depth-ratio 0.1 --stick-coef 0.5}
 if [ "${SMOKE:-0}" = 1 ]; then
   # this 2-core box is shared: python + data load alone take up to a minute, so budgets are minutes, not seconds
   DEV=cpu; TRAIN_MIN=2.5; TRAIN_TIMEOUT=240; RESERVE=15; FIN_MIN=2.0; FRESH_MIN=2.0; SIB_MIN=2.0; SIB_TIMEOUT=200; SIB_RESERVE=15
@@ -113,7 +115,12 @@ if [ "${SMOKE:-0}" = 1 ]; then OBSN="--max-samples 8 --max-tokens 64 --batch-siz
   || echo "observe exited $?" >> $L/observe.log
 du -sh $V/obs_v2 >> $L/observe.log 2>&1
 [ -d $V/obs_v2 ] && tar -C $V -cf - obs_v2 | xz -T8 -6 | split -b 15M - $OUT/obs_v2.tar.xz.
-# 7. the card data and every log (no weights: 1.3 GB)
+# 7. issue 25's composed-mode timing (no vLLM) replayed on the new sampled trace, if time is left: one JSON in the card tar
+if [ "${SMOKE:-0}" != 1 ] && [ -f $OUT/learned128_v2_t0.8.npz ] && [ $(left 545) -gt 100 ]; then
+  (cd /tmp && REAP_CPU_EXPERT_CPUS=${REAP_CPU_EXPERT_CPUS:-2-$(( $(nproc) - 1 ))} timeout $(cap 90 540) python3 $R/scripts/gpu_composed_check.py \
+    $L/composed_check_v2_h200.json --trace $OUT/learned128_v2_t0.8.npz) > $L/composed.log 2>&1 || echo "composed check exited $?" >> $L/composed.log
+fi
+# 8. the card data and every log (no weights: 1.3 GB)
 tar -C $V -cJf $OUT/card_v2.tar.xz logs
 ls -la $OUT >> $L/finish.log; cat $L/finish.log
 for f in $L/*.log; do echo "== $f"; tail -c 700 $f; done

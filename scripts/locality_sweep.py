@@ -33,6 +33,21 @@ SETTINGS: list[dict[str, Any]] = [
     # HF's Qwen3-MoE loss balances the concatenation of all layers' logits; per layer is the Switch original
     {"name": "aux 0.01 per layer, init 0.02", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True},
     {"name": "aux 0.05 per layer, init 0.02", "aux": 0.05, "init": None, "z": 0.0, "per_layer": True},
+    # round 2 (after GPU runs 1 and 2a): per-layer balance spreads the mass but leaves neighbours sharing few experts
+    # and early layers concentrated; a stickiness loss and a depth-graded balance aim at those two directly
+    {"name": "aux 0.01 per layer, stick 0.1", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True, "stick": 0.1},
+    {"name": "aux 0.01 per layer, stick 0.5", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True, "stick": 0.5},
+    {"name": "aux 0.01 per layer, stick 0.5, depth 0.1", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True,
+     "stick": 0.5, "depth": 0.1},
+    {"name": "aux 0.01 per layer, stick 2.0", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True, "stick": 2.0},
+    {"name": "aux 0.01 per layer, stick 0.25", "aux": 0.01, "init": None, "z": 0.0, "per_layer": True, "stick": 0.25},
+    {"name": "aux 0.03 per layer, stick 0.25, depth 0.1", "aux": 0.03, "init": None, "z": 0.0, "per_layer": True,
+     "stick": 0.25, "depth": 0.1},
+    {"name": "aux 0.03 per layer, stick 0.25", "aux": 0.03, "init": None, "z": 0.0, "per_layer": True, "stick": 0.25},
+    {"name": "aux 0.02 per layer, stick 0.5, depth 0.1", "aux": 0.02, "init": None, "z": 0.0, "per_layer": True,
+     "stick": 0.5, "depth": 0.1},
+    {"name": "aux 0.02 per layer, stick 0.35, depth 0.1", "aux": 0.02, "init": None, "z": 0.0, "per_layer": True,
+     "stick": 0.35, "depth": 0.1},
 ]
 PROXY = {"num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 6, "hidden_size": 64, "num_attention_heads": 2,
          "num_key_value_heads": 1, "head_dim": 32, "moe_intermediate_size": 16}
@@ -57,6 +72,10 @@ def run_one(setting: dict[str, Any], data: Path, work: Path, steps: int, args: a
            "--aux-coef", str(setting["aux"]), "--router-z-coef", str(setting["z"])]
     if setting.get("per_layer"):
         cmd += ["--aux-per-layer"]
+    if setting.get("stick"):
+        cmd += ["--stick-coef", str(setting["stick"])]
+    if setting.get("depth"):
+        cmd += ["--aux-depth-ratio", str(setting["depth"])]
     if setting["init"] is not None:
         cmd += ["--router-init-std", str(setting["init"])]
     for k, v in PROXY.items():

@@ -107,3 +107,50 @@ def test_per_layer_balance_sees_what_the_concatenated_loss_hides(train_moe) -> N
     assert concat == pytest.approx(e * 2 * 0.5 * 0.5, rel=1e-3) and per_layer > concat
     uniform = torch.zeros(6, e)
     assert float(train_moe.per_layer_balance_loss((uniform, uniform), e, k)) == pytest.approx(1.0, abs=0.5)
+
+
+def test_depth_weights_grade_the_balance_and_keep_its_scale(train_moe) -> None:  # noqa: ANN001
+    import torch
+
+    w = train_moe.depth_weights(5, 0.1)
+    assert float(w.mean()) == pytest.approx(1.0, rel=1e-6)
+    assert float(w[-1] / w[0]) == pytest.approx(0.1, rel=1e-5) and bool((w[1:] < w[:-1]).all())
+    assert torch.equal(train_moe.depth_weights(5, 1.0), torch.ones(5))
+    # layer 0 collapsed, layer 1 uniform: weighting layer 0 more raises the loss, weighting it less lowers it
+    e = 4
+    collapsed = torch.full((6, e), -9.0)
+    collapsed[:, 0] = 9.0
+    uniform = torch.zeros(6, e)
+    flat = float(train_moe.per_layer_balance_loss((collapsed, uniform), e, 1))
+    early = float(train_moe.per_layer_balance_loss((collapsed, uniform), e, 1, depth_ratio=0.25))
+    late = float(train_moe.per_layer_balance_loss((collapsed, uniform), e, 1, depth_ratio=4.0))
+    assert early > flat > late
+
+
+def test_stick_loss_is_zero_for_constant_routing_and_one_for_disjoint_neighbours(train_moe) -> None:  # noqa: ANN001
+    import torch
+
+    e, batch, seq = 4, 2, 5
+    same = torch.randn(1, 1, e).expand(batch, seq, e).reshape(-1, e)
+    assert float(train_moe.router_stick_loss((same,), e, batch)) == pytest.approx(0.0, abs=1e-6)
+    alt = torch.full((batch, seq, e), -30.0)
+    alt[:, 0::2, 0] = 30.0
+    alt[:, 1::2, 1] = 30.0
+    assert float(train_moe.router_stick_loss((alt.reshape(-1, e), same), e, batch)) == pytest.approx(0.5, rel=1e-4)
+    # pairs never cross sequences: sequence 0 on expert 0, sequence 1 on expert 1, each constant
+    split = torch.full((batch, seq, e), -30.0)
+    split[0, :, 0] = 30.0
+    split[1, :, 1] = 30.0
+    assert float(train_moe.router_stick_loss((split.reshape(-1, e),), e, batch)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_stick_and_depth_options_train_and_are_logged(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    data = _packed(tmp_path / "data.npz")
+    out = tmp_path / "run"
+    assert train_moe.main(["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--batch-size", "2",
+                           "--seq-len", "32", "--eval-windows", "1", "--eval-every", "0", "--warmup-steps", "1", "--log-every", "1",
+                           "--steps", "3", "--aux-per-layer", "--aux-depth-ratio", "0.2", "--stick-coef", "0.5", *TINY]) == 0
+    recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["stick_loss"] <= 1.0 for r in recs)
+    args = json.loads((out / "eval.json").read_text())["args"]
+    assert args["stick_coef"] == "0.5" and args["aux_depth_ratio"] == "0.2"

@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--aux-per-layer", action="store_true",
                     help="balance each MoE layer on its own (the mean of per-layer Switch losses); HF's loss concatenates "
                          "all layers' logits first, so one layer's busy expert e can be offset by another layer's idle e")
+    ap.add_argument("--aux-depth-ratio", type=float, default=1.0,
+                    help="with --aux-per-layer: the last layer's balance weight over the first's, geometric in depth and "
+                         "normalised to mean 1 (< 1 balances early layers harder than late ones, as the published models route)")
+    ap.add_argument("--stick-coef", type=float, default=0.0,
+                    help="router stickiness: weight of the mean total-variation distance between consecutive tokens' router "
+                         "distributions (per layer, within a sequence); > 0 makes neighbouring tokens share experts")
     ap.add_argument("--router-z-coef", type=float, default=0.0,
                     help="router z-loss coefficient (ST-MoE: mean logsumexp(router logits)^2); keeps router logits small")
     ap.add_argument("--router-init-std", type=float, default=None,
@@ -96,31 +102,62 @@ def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False, z: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer) and the router
-    z-loss (zero, not computed, with ``z=False``: training without it does not pay its logsumexp every step)."""
+def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False, z: bool = True,
+             depth_ratio: float = 1.0, stick: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer, optionally
+    graded in depth), the router z-loss and the stickiness loss (each of the last two zero, not computed, when off:
+    training without them does not pay for them every step)."""
     out = model(input_ids=x, output_router_logits=True, use_cache=False)
     logits = out.logits
     lm = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
     aux = getattr(out, "aux_loss", None)
     if per_layer:
-        aux = per_layer_balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
+        aux = per_layer_balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok, depth_ratio)
     elif aux is None or not torch.is_tensor(aux):
         aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
-    return lm, aux.float(), router_z_loss(out.router_logits, cfg.num_experts) if z else torch.zeros((), device=lm.device)
+    zero = torch.zeros((), device=lm.device)
+    z_loss = router_z_loss(out.router_logits, cfg.num_experts) if z else zero
+    stick_loss = router_stick_loss(out.router_logits, cfg.num_experts, x.shape[0]) if stick else zero
+    return lm, aux.float(), z_loss, stick_loss
 
 
 def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token CE and the router balance loss (kept for callers of the old pair)."""
-    lm, aux, _ = lm_aux_z(model, x, y, cfg)
+    lm, aux, _, _ = lm_aux_z(model, x, y, cfg)
     return lm, aux
 
 
-def per_layer_balance_loss(router_logits, n_exp: int, top_k: int) -> torch.Tensor:
-    """Mean over MoE layers of each layer's own Switch loss (balanced = top_k, as HF's concatenated one)."""
+def _router_layers(router_logits) -> list[torch.Tensor]:
+    """Each MoE layer's router logits (tuple, list, stacked [layers, tokens, E] tensor or one tensor)."""
     parts = router_logits if isinstance(router_logits, (list, tuple)) else list(router_logits.unbind(0)) \
         if torch.is_tensor(router_logits) and router_logits.ndim == 3 else [router_logits]
-    losses = [balance_loss([t], n_exp, top_k) for t in parts if torch.is_tensor(t)]
+    return [t for t in parts if torch.is_tensor(t)]
+
+
+def depth_weights(n_layers: int, ratio: float) -> torch.Tensor:
+    """Per-layer weights geometric in depth, last / first = ``ratio``, mean 1 (all ones at ratio 1)."""
+    if n_layers <= 1 or ratio == 1.0:
+        return torch.ones(max(1, n_layers))
+    w = torch.tensor([ratio ** (i / (n_layers - 1)) for i in range(n_layers)], dtype=torch.float32)
+    return w / w.mean()
+
+
+def per_layer_balance_loss(router_logits, n_exp: int, top_k: int, depth_ratio: float = 1.0) -> torch.Tensor:
+    """Weighted mean over MoE layers of each layer's own Switch loss (balanced = top_k, as HF's concatenated one);
+    ``depth_ratio`` < 1 weighs the early layers' balance more than the late layers'."""
+    losses = torch.stack([balance_loss([t], n_exp, top_k) for t in _router_layers(router_logits)])
+    return (losses * depth_weights(losses.numel(), depth_ratio).to(losses.device)).mean()
+
+
+def router_stick_loss(router_logits, n_exp: int, batch: int) -> torch.Tensor:
+    """Mean over layers and adjacent token pairs (within a sequence) of the total-variation distance between
+    their router distributions, in [0, 1]: the published models reuse ~45 % of their experts at the next
+    token; a small model learns token-identity routing that reuses far fewer, and this pulls it toward
+    routing that follows the context."""
+    losses = []
+    for t in _router_layers(router_logits):
+        p = torch.softmax(t.float().reshape(batch, -1, n_exp), dim=-1)
+        losses.append(0.5 * (p[:, 1:] - p[:, :-1]).abs().sum(-1).mean())
     return torch.stack(losses).mean()
 
 
@@ -281,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log_state = {"t": time.time(), "step": 0}
 
-    def log_step(step: int, lr: float, lm, aux, loss, gnorm) -> None:
+    def log_step(step: int, lr: float, lm, aux, loss, gnorm, stick) -> None:
         now = time.time()
         rec = {"step": step, "lr": lr, "lm_loss": lm.item(), "aux_loss": aux.item(), "loss": loss.item(),
+               **({"stick_loss": stick.item()} if args.stick_coef else {}),
                "grad_norm": float(gnorm), "elapsed_s": round(now - T_START, 2),
                "tok_per_s": round((step - log_state["step"]) * args.batch_size * args.seq_len
                                   / max(1e-9, now - log_state["t"]))}
@@ -299,19 +337,21 @@ def main(argv: list[str] | None = None) -> int:
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
         batch = train[starts[:, None] + span].long()
         with amp():
-            lm, aux, z = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer, z=bool(args.router_z_coef))
-            loss = lm + args.aux_coef * aux + args.router_z_coef * z.to(lm.device)
+            lm, aux, z, stick = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer,
+                                         z=bool(args.router_z_coef), depth_ratio=args.aux_depth_ratio,
+                                         stick=bool(args.stick_coef))
+            loss = lm + args.aux_coef * aux + args.router_z_coef * z.to(lm.device) + args.stick_coef * stick.to(lm.device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
         opt.step()
-        return lm, aux, loss, gnorm
+        return lm, aux, loss, gnorm, stick
 
     # A one-shot GPU run must not die on its first step: drop torch.compile, then fall back to
     # HF's MoE forward if the dense path fails, and halve the batch on out-of-memory.
     for _attempt in range(5):
         try:
-            lm, aux, loss, gnorm = train_step(lr_at(start_step, total_steps, args))
+            lm, aux, loss, gnorm, stick = train_step(lr_at(start_step, total_steps, args))
             sync()
             break
         except Exception as exc:  # noqa: BLE001
@@ -336,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
     else:
         raise RuntimeError("first training step failed repeatedly")
-    log_step(start_step + 1, lr_at(start_step, total_steps, args), lm, aux, loss, gnorm)
+    log_step(start_step + 1, lr_at(start_step, total_steps, args), lm, aux, loss, gnorm, stick)
     step = start_step + 1
     impl_trial: dict[str, float] = {}
 
@@ -400,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None or start_step else 10**9, args)
         try:
-            lm, aux, loss, gnorm = train_step(lr)
+            lm, aux, loss, gnorm, stick = train_step(lr)
         except Exception as exc:  # noqa: BLE001 - keep what was trained: evaluate and save anyway
             error = repr(exc)
             log(f"training stopped by {error}")
@@ -429,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                 fit = step + max(1, int((deadline - time.time()) / per_step * 0.98))
                 total_steps = min(planned_total, fit) if planned_total else fit
         if step % args.log_every == 0 or step == total_steps:
-            log_step(step, lr, lm, aux, loss, gnorm)
+            log_step(step, lr, lm, aux, loss, gnorm, stick)
     sync()
     if args.ckpt is not None and (step < total_steps or error is not None):  # cut short: keep what a resume needs
         save_training_state(step, total_steps)
