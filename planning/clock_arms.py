@@ -15,11 +15,13 @@ steps but the first and the last, 61 per request at bs1, 120 at bs8 as in the be
   (``server_ext/cache/online_cache.LayerCache.install``: prior_weight / (1 - decay));
 * either with ``cpu`` -- the CPU path's split (``server_ext/cpu_experts/split.plan_split``, ported:
   per layer step of at most ``max_tokens`` tokens, the CPU takes the ``n`` missed experts with the
-  fewest missed pairs that minimise ``max(link, cpu)`` under the server's cost model; after the
+  fewest missed pairs that minimise ``max(link, cpu)`` under the server's cost model; larger steps
+  up to ``max_step_tokens`` the same with at most ``pair_budget`` missed pairs; after the
   cache's promotions, so a promoted miss is never also computed on the CPU);
 * ``fast`` -- the composed mode (``serve --fast``, ``server_ext/layer.py``): the split runs first on
   the step's misses as routed, choosing ``n`` by the same cost model and which experts by the
-  cache's scores before this step's update (lowest first, ties: fewest missed pairs, lowest id);
+  cache's scores before this step's update (lowest first, ties: fewest missed pairs, lowest id;
+  in a budgeted step fewest missed pairs first, then the scores);
   the cache then updates its scores and promotes up to its cap from the link's share only.
 """
 
@@ -44,26 +46,46 @@ class SplitRule:
     fixed_s: float = 25e-6
     pair_s: float = 1e-6
     max_tokens: int = 8
+    max_step_tokens: int = 0
+    """``CostModel.max_step_tokens``: larger steps up to this many tokens join under the pair budget (0: none)."""
+    pair_budget: int = 0
+
+    @property
+    def step_tokens(self) -> int:
+        return max(self.max_tokens, self.max_step_tokens)
+
+    def pair_limit(self, tokens: int, top_k: int) -> int:
+        """``CostModel.pair_limit``: every pair up to ``max_tokens``, the budget up to ``step_tokens``, none past it."""
+        if tokens <= self.max_tokens:
+            return tokens * top_k
+        return self.pair_budget if tokens <= self.step_tokens else 0
 
 
 def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
-              priority: np.ndarray | None = None) -> np.ndarray:
+              priority: np.ndarray | None = None, top_k: int = 8) -> np.ndarray:
     """Indices (into ``pairs``: one layer step's missed experts, in id order) the CPU computes.
 
     ``plan_split``'s rule: candidates by (missed pairs, id) -- with ``priority`` (the cache's scores,
-    composed mode) by (priority, missed pairs, id); the first ``n`` minimising
-    ``max(cpu(n), link(n))`` (ties: the smallest ``n``); none when the step has too many tokens.
+    composed mode) by (priority, missed pairs, id), in a budgeted step (more than ``max_tokens``
+    tokens) by (missed pairs, priority, id); the first ``n`` minimising ``max(cpu(n), link(n))``
+    whose missed pairs fit ``rule.pair_limit(tokens, top_k)`` (ties: the smallest ``n``); none when
+    the step has too many tokens.
     """
     m = len(pairs)
-    if m == 0 or tokens > rule.max_tokens:
+    limit = rule.pair_limit(tokens, top_k)
+    if m == 0 or limit == 0:
         return np.empty(0, dtype=np.int64)
-    keys = (np.arange(m), pairs) if priority is None else (np.arange(m), pairs, np.asarray(priority, dtype=np.float32))
+    if priority is None:
+        keys: tuple[np.ndarray, ...] = (np.arange(m), pairs)
+    else:
+        prio = np.asarray(priority, dtype=np.float32)
+        keys = (np.arange(m), prio, pairs) if tokens > rule.max_tokens else (np.arange(m), pairs, prio)
     order = np.lexsort(keys)
     prefix = np.concatenate([[0], np.cumsum(pairs[order])])
     n = np.arange(m + 1, dtype=np.float64)
     cpu = (n > 0) * rule.fixed_s + n * (expert_bytes / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
     link = (m - n) * (expert_bytes / (rule.link_GBps * 1e9))
-    best = int(np.argmin(np.maximum(cpu, link)))
+    best = int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
     return order[:best]
 
 
@@ -172,14 +194,14 @@ class _Layers:
 
 def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes: int, slots: int) -> list[Step]:
     """Every engine step of ``batches`` under ``arm``, with its per-layer counts."""
-    L, E = trace.num_layers, trace.num_experts
+    L, E, K = trace.num_layers, trace.num_experts, trace.top_k
     out: list[Step] = []
     reap = arm.kind in ("static", "cache", "fast")
     for batch in batches:
         state = _Layers(arm, batch, L, E, slots)
         for timed, decode, rows in batch_steps(trace, batch):
             tokens = len(rows)
-            c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast"), cpu_path=arm.cpu is not None and tokens <= arm.cpu.max_tokens,
+            c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast"), cpu_path=arm.cpu is not None and tokens <= arm.cpu.step_tokens,
                                  reap=reap)
             if arm.kind == "stock_offload":
                 c.resident, c.link = c.resident.astype(float), c.link.astype(float)
@@ -196,14 +218,14 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                     missed_pairs += int(round((1.0 - f) * per.sum()))
                     continue
                 if arm.kind == "fast":
-                    missed_pairs += _fast_layer(state.caches[l], experts, per, arm.cpu, expert_bytes, tokens, c, l)
+                    missed_pairs += _fast_layer(state.caches[l], experts, per, arm.cpu, expert_bytes, tokens, c, l, K)
                     continue
                 hit, promoted = state.access(l, experts)
                 missed_pairs += int(per[~hit].sum())
                 miss = ~hit & ~promoted
                 c.promoted[l] = int(promoted.sum())
                 c.resident[l] = int((hit | promoted).sum())
-                to_cpu = split_cpu(per[miss], arm.cpu, expert_bytes, tokens) if arm.cpu is not None else np.empty(0, dtype=np.int64)
+                to_cpu = split_cpu(per[miss], arm.cpu, expert_bytes, tokens, top_k=K) if arm.cpu is not None else np.empty(0, dtype=np.int64)
                 c.cpu[l] = len(to_cpu)
                 c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
                 c.link[l] = int(miss.sum()) - len(to_cpu)
@@ -212,12 +234,12 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
 
 
 def _fast_layer(cache: LFRU, experts: np.ndarray, per: np.ndarray, rule: SplitRule | None, expert_bytes: int,
-                tokens: int, c: StepCounts, l: int) -> int:
+                tokens: int, c: StepCounts, l: int, top_k: int) -> int:
     """One layer step of the composed mode into ``c`` (see module doc); returns its missed pairs."""
     hit = cache.resident[experts].copy()
     miss = np.flatnonzero(~hit)
     prio = cache.count[experts[miss]].copy()  # the scores before this step's update
-    to_cpu = split_cpu(per[miss], rule, expert_bytes, tokens, prio) if rule is not None else np.empty(0, dtype=np.int64)
+    to_cpu = split_cpu(per[miss], rule, expert_bytes, tokens, prio, top_k) if rule is not None else np.empty(0, dtype=np.int64)
     on_cpu = experts[miss[to_cpu]]
     res = cache.access(experts, np.zeros(len(experts)), exclude=on_cpu)
     promoted = cache.resident[experts] & ~res.hits

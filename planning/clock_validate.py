@@ -99,7 +99,9 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
     oc = src.get(LEARNED, "arms.reap_cache.online_cache")
     cache = CacheRule(int(oc["cap"]), float(oc["decay"]), oc["hysteresis"], float(oc["prior_weight"]))
     cm = src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
-    cpu = SplitRule(cm["link_GBps"], cm["cpu_GBps"], cm["cpu_fixed_s"], cm["cpu_per_pair_s"], int(cm["max_tokens"]))
+    # runs before issue 26 name no step sizes past max_tokens: their larger steps sent every miss to the link
+    cpu = SplitRule(cm["link_GBps"], cm["cpu_GBps"], cm["cpu_fixed_s"], cm["cpu_per_pair_s"], int(cm["max_tokens"]),
+                    int(cm.get("max_step_tokens", 0)), int(cm.get("pair_budget", 0)))
     if arm == "stock_gpu":
         return Arm(arm, "stock_gpu")
     if arm == "stock_offload":

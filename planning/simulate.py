@@ -90,12 +90,20 @@ def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray,
     return makers[name]()
 
 
-def cpu_rule(clock: Clock, max_tokens: int = 8) -> SplitRule:
-    """The server's split rule with the clock's pipe rates (what ``serve --cpu-experts`` measures at start-up)."""
-    return SplitRule(clock.link_GBps, clock.cpu_GBps, clock.cpu_fixed_ms * 1e-3, clock.cpu_pair_ms * 1e-3, max_tokens)
+SERVER_STEP_TOKENS, SERVER_STEP_PAIRS = 32, 256
+"""``cpu_path.DEFAULT_STEP_TOKENS`` / ``MAX_STEP_PAIRS``: the server's default largest step (tests hold them equal)."""
 
 
-def _clocked(clock: Clock, moved: np.ndarray, expert_bytes: int, rule: SplitRule | None, cache: bool) -> dict[str, float]:
+def cpu_rule(clock: Clock, max_tokens: int = 8, top_k: int = 8) -> SplitRule:
+    """The server's split rule with the clock's pipe rates (what ``serve --cpu-experts`` measures at start-up),
+    its step sizes as ``CpuPathSettings``' defaults: steps to 32 tokens (at most 256 pairs) under a budget
+    of ``max_tokens`` x top-k pairs."""
+    step = max(max_tokens, min(SERVER_STEP_TOKENS, SERVER_STEP_PAIRS // max(top_k, 1)))
+    return SplitRule(clock.link_GBps, clock.cpu_GBps, clock.cpu_fixed_ms * 1e-3, clock.cpu_pair_ms * 1e-3, max_tokens, step,
+                     max_tokens * top_k)
+
+
+def _clocked(clock: Clock, moved: np.ndarray, expert_bytes: int, rule: SplitRule | None, cache: bool, top_k: int) -> dict[str, float]:
     """Mean decode step (ms) of a policy from its per-layer, per-decode-step [hits, misses not promoted, promotions]."""
     layers, steps = moved.shape[1], moved.shape[2]
     total = np.zeros(steps)
@@ -105,7 +113,7 @@ def _clocked(clock: Clock, moved: np.ndarray, expert_bytes: int, rule: SplitRule
         c.promoted = moved[2, :, t]
         for l in range(layers):
             m = int(moved[1, l, t])
-            n = len(split_cpu(np.ones(m, dtype=np.int64), rule, expert_bytes, 1)) if rule is not None else 0
+            n = len(split_cpu(np.ones(m, dtype=np.int64), rule, expert_bytes, 1, top_k=top_k)) if rule is not None else 0
             c.cpu[l], c.cpu_pairs[l], c.link[l] = n, n, m - n
         total[t] = step_ms(clock, c, expert_bytes).total
     mean = float(total.mean()) if steps else float("nan")
@@ -181,8 +189,8 @@ def simulate(trace: RoutingTrace, slots_fraction: float, policies: tuple[str, ..
         }
         if clock is not None:
             # Belady's admissions have no per-step schedule: its clock counts them free (a bound, like its hit rate).
-            rule = cpu_rule(clock) if cpu_path else None
-            out[name].update(_clocked(clock, moved[name], clock_bytes, rule, cache=name in ONLINE))
+            rule = cpu_rule(clock, top_k=k) if cpu_path else None
+            out[name].update(_clocked(clock, moved[name], clock_bytes, rule, cache=name in ONLINE, top_k=k))
     best_online = max((p for p in policies if p in ONLINE), key=lambda p: out[p]["hit_rate_decode"] or 0.0, default=None)
     return {
         "trace": trace.meta.get("source_file"),

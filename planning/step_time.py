@@ -17,10 +17,17 @@ Per MoE layer of a step (``B`` = bytes of one expert, every expert of a layer th
 
     step_ms  = base_ms(tokens) + sum over layers + reap per-step fixed
 
-An expert counts once per layer step whatever its token count: at decode batch sizes (<= 8
-tokens) each expert is one M-block of the fused kernel, so its weights are read once
+An expert counts once per layer step whatever its token count: at decode batch sizes each
+expert's tokens fit one M-block of the fused kernel, so its weights are read once
 (``missed_experts`` of the bench's CPU-path counters are distinct experts per layer step, and
-the bs8 link law holds with distinct experts, not pairs). ``base_ms`` is everything else
+the bs8 link law holds with distinct experts, not pairs). At batch 32 an expert rarely gets
+more tokens than one block holds (16 at small M); one that does is read once per block, which
+this model undercounts. Which steps have CPU experts, and how many pairs, is the server's
+split rule (``clock_arms.SplitRule``: any share up to ``max_tokens`` tokens, at most
+``pair_budget`` pairs up to ``max_step_tokens``, none past it -- issue 26); the CPU's cost grows
+with its pairs by ``cpu_pair_ms`` each, the link's does not. ``cpu_layer_ms`` was measured at one
+token (``split_kernel_h200.json``); the split's [pairs, pairs] tables cost more at 256 pairs, not
+yet measured (``scripts/gpu_split_bench.py``). ``base_ms`` is everything else
 (attention, dense layers, sampling, launch gaps): the all-GPU step minus its ``hbm_ms``,
 interpolated linearly in the token count between the calibration points.
 """

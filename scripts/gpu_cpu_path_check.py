@@ -2,10 +2,13 @@
 
 1. the VMM host rows, granted to the CPU, read back on the CPU equal to what the GPU wrote;
 2. an eager layer step (split kernel stages x and posts to the team's mailbox, wait-and-merge kernel)
-   equals the all-GPU per-(token, k) reference within bf16 tolerance, at T = 1 and 8;
-3. the same step captured in a CUDA graph, replayed on new inputs, still does;
+   equals the all-GPU per-(token, k) reference within bf16 tolerance, at T = 1 and 8, and past
+   max_tokens (issue 26: T = 16 and 32 under a pair budget of 24; the CUDA split's CPU pairs equal
+   ``plan_split``'s and never exceed the budget; T = 8 on the same path splits as before);
+3. the same steps captured in a CUDA graph, replayed on new inputs, still do;
 4. time per layer step of 24 chained steps in one graph (the path's fixed cost) with and without
-   CPU pairs, and the CPU kernel's weight GB/s at batch 1 beside the host's memcpy.
+   CPU pairs at T = 1, and at T = 32 (256 pairs: the split's largest tables), and the CPU
+   kernel's weight GB/s at batch 1 beside the host's memcpy.
 
 Usage: python scripts/gpu_cpu_path_check.py OUT.json   (REAP_CPU_EXPERT_CPUS picks the cores)
 """
@@ -23,12 +26,13 @@ from reap_swap.benchmarks.profile_counts import profiled_kernel_times
 from reap_swap.server_ext.cpu_experts.bench_cpu_kernel import memcpy_rates
 from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.kernel import CpuThreads, silu_and_mul_bf16
-from reap_swap.server_ext.cpu_experts.split import CostModel
+from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
 from reap_swap.server_ext.cpu_experts.step import BankRows
 from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
 from reap_swap.server_ext.bank.cuda_vmm import VmmBacking
 
 E, H, I, S, K = 32, 2048, 768, 8, 8
+BUDGET = 24  # pairs to the CPU in a step past max_tokens (issue 26)
 
 
 def reference(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, bank: BankRows) -> torch.Tensor:
@@ -83,10 +87,14 @@ def main(out_path: str) -> int:
     path = LayerCpuPath(bank, K, filler, settings, cost, CpuThreads.from_env(), dev, MappedStaging(dev))
     res["link_GBps"] = measure_link_GBps(w13[off:])
     res["cpu_GBps_calibration"] = measure_cpu_GBps(path)
+    # issue 26: steps past max_tokens up to 32 tokens, at most BUDGET missed pairs to the CPU
+    big_settings = CpuPathSettings(enabled=True, max_tokens=8, max_step_tokens=32, pair_budget=BUDGET)
+    big = LayerCpuPath(bank, K, filler, big_settings, big_settings.cost(50.0, 50.0, top_k=K), CpuThreads.from_env(), dev, MappedStaging(dev))
 
-    def layer_step(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, p: LayerCpuPath = path) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_step(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, p: LayerCpuPath = path,
+                   prio: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         phys = torch.where(ids < S, ids, ids + off)  # experts 0..S-1 resident in slots 0..S-1
-        gpu_ids = p.before_experts(x, ids, w, phys, off)
+        gpu_ids = p.before_experts(x, ids, w, phys, off, priority=prio)
         ref = reference(x, ids, w, bank)
         cpu_pairs = gpu_ids != phys
         gpu_side = torch.where(cpu_pairs[..., None], torch.zeros_like(ref), ref)
@@ -98,41 +106,67 @@ def main(out_path: str) -> int:
         merged, cpu_pairs = layer_step(x, ids, w)
         torch.cuda.synchronize()
         eager[f"T{t}"] = {"cpu_pairs": int(cpu_pairs.sum()), "max_rel_err": close(merged, reference(x, ids, w, bank))}
+    for t, scored in ((8, False), (16, False), (32, False), (16, True), (32, True)):  # the budgeted path (T = 8: as before)
+        x, ids, w = inputs(t, g, dev)
+        prio = torch.rand(E, generator=g).mul(4).floor().to(dev) if scored else None  # the composed mode's scores, with ties
+        merged, cpu_pairs = layer_step(x, ids, w, big, prio)
+        torch.cuda.synchronize()
+        want = plan_split(ids.cpu(), (ids < S).logical_not().cpu(), E, bank.expert_bytes, big.cost, priority=None if prio is None else prio.cpu())
+        eager[f"budget{BUDGET}_T{t}{'_scored' if scored else ''}"] = {"cpu_pairs": int(cpu_pairs.sum()), "max_rel_err": close(merged, reference(x, ids, w, bank)),
+                                         "within_budget": int(cpu_pairs.sum()) <= big.cost.pair_limit(t, K),
+                                         "split_equals_plan_split": bool(torch.equal(cpu_pairs.cpu(), want.cpu_pairs))}
     res["eager"] = eager
 
     graphs = {}
-    for t in (1, 8):
+    for label, t, p in (("T1", 1, path), ("T8", 8, path), (f"budget{BUDGET}_T16", 16, big), (f"budget{BUDGET}_T32", 32, big)):
         sx, sids, sw = inputs(t, g, dev)
-        layer_step(sx, sids, sw)  # warm-up on the side stream too
+        layer_step(sx, sids, sw, p)  # warm-up on the side stream too
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            merged, cpu_pairs = layer_step(sx, sids, sw)
-        errs = []
+            merged, cpu_pairs = layer_step(sx, sids, sw, p)
+        errs, most = [], 0
         for _ in range(5):
             x, ids, w = inputs(t, g, dev)
             sx.copy_(x), sids.copy_(ids), sw.copy_(w)
             graph.replay()
             torch.cuda.synchronize()
             errs.append(close(merged, reference(x, ids, w, bank)))
-        graphs[f"T{t}"] = {"replays": 5, "max_rel_err": max(errs), "cpu_pairs_last": int(cpu_pairs.sum())}
+            most = max(most, int(cpu_pairs.sum()))
+        graphs[label] = {"replays": 5, "max_rel_err": max(errs), "cpu_pairs_last": int(cpu_pairs.sum()), "cpu_pairs_most": most,
+                         "within_budget": most <= p.cost.pair_limit(t, K)}
     res["graph"] = graphs
     res["step_stats"] = path.stats()
+    res["step_stats_budgeted"] = big.stats()
+    res["chain_24_layers_T1"] = chain_timing(bank, filler, settings, g, dev, off, 1)
+    res["chain_24_layers_T32"] = chain_timing(bank, filler, big_settings, g, dev, off, 32)  # the split at 256 pairs
+    res["memcpy"] = {k: v["GBps"] for k, v in memcpy_rates(1024, 3).items()}
+    res["threads"] = {"n": path.step_job.threads.n, "cpus": list(path.step_job.threads.cpus)}
+    with open(out_path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res, indent=1))
+    checks = {**eager, **graphs}
+    ok = res["host_rows_readable_by_cpu"] and all(v["max_rel_err"] < 2**-5 and v.get("within_budget", True) and v.get("split_equals_plan_split", True)
+                                                  for v in checks.values())
+    return 0 if ok else 1
 
-    # 24 chained layer steps in one graph: the CPU path's per-step cost on the critical path.
+
+def chain_timing(bank: BankRows, filler: int, settings: CpuPathSettings, g: torch.Generator, dev: torch.device, off: int, t: int) -> dict:
+    """24 chained layer steps of ``t`` tokens in one graph: the CPU path's per-step cost on the critical path."""
     timing = {}
     for label, cpu_gbps in (("cpu_path", 50.0), ("cpu_never_chosen", 1e-3)):
-        paths = [LayerCpuPath(bank, K, filler, settings, CostModel(link_GBps=50, cpu_GBps=cpu_gbps, max_tokens=8), CpuThreads.from_env(), dev,
-                              MappedStaging(dev)) for _ in range(24)]
-        sx, sids, sw = inputs(1, g, dev)
-        sids.copy_(torch.arange(S, S + K, device=dev).view(1, K))  # all 8 missed
+        cost = CostModel(link_GBps=50, cpu_GBps=cpu_gbps, max_tokens=8, max_step_tokens=settings.step_tokens(K), pair_budget=settings.budget(K))
+        paths = [LayerCpuPath(bank, K, filler, settings, cost, CpuThreads.from_env(), dev, MappedStaging(dev)) for _ in range(24)]
+        sx, sids, sw = inputs(t, g, dev)
+        if t == 1:
+            sids.copy_(torch.arange(S, S + K, device=dev).view(1, K))  # all 8 missed
 
         def chain() -> torch.Tensor:
             acc = sx
             for p in paths:
-                phys = sids + off
+                phys = torch.where(sids < S, sids, sids + off)
                 p.before_experts(acc, sids, sw, phys, off)
-                acc = p.merge(torch.zeros(1, K, H, dtype=torch.bfloat16, device=dev)).sum(1).to(torch.bfloat16) + sx
+                acc = p.merge(torch.zeros(t, K, H, dtype=torch.bfloat16, device=dev)).sum(1).to(torch.bfloat16) + sx
             return acc
 
         chain()
@@ -151,15 +185,9 @@ def main(out_path: str) -> int:
         samples.sort()
         st = [p.stats() for p in paths]
         timing[label] = {"median_ms_24_layers": samples[len(samples) // 2] * 1e3, "cpu_experts_per_layer_step": st[0]["cpu_experts"] / max(1, st[0]["calls"]),
+                         "cpu_pairs_per_layer_step": st[0]["host_pairs"] / max(1, st[0]["calls"]),
                          "per_layer_step": profiled_kernel_times(graph.replay, 5, ("_split_kernel", "_wait_merge_kernel"), len(paths))}
-    res["chain_24_layers_T1"] = timing
-    res["memcpy"] = {k: v["GBps"] for k, v in memcpy_rates(1024, 3).items()}
-    res["threads"] = {"n": path.step_job.threads.n, "cpus": list(path.step_job.threads.cpus)}
-    with open(out_path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(json.dumps(res, indent=1))
-    ok = res["host_rows_readable_by_cpu"] and all(v["max_rel_err"] < 2**-5 for v in {**eager, **graphs}.values())
-    return 0 if ok else 1
+    return timing
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ run() { local name=$1 limit=$2; shift 2
 run vmm 120 $R/scripts/gpu_vmm_check.py --out $W/vmm_check.json
 run routing 120 $R/scripts/gpu_routing_check.py
 run online_cache 150 $R/scripts/gpu_online_cache_check.py --steps 200
-run cpu_path 200 $R/scripts/gpu_cpu_path_check.py $W/cpu_path_check.json
+run cpu_path 300 $R/scripts/gpu_cpu_path_check.py $W/cpu_path_check.json  # T = 1, 8 and the budgeted 16, 32 (issue 26)
 run vmm_release 150 $R/scripts/gpu_vmm_release_check.py $W/vmm_release_check.json --iters 40
 run cpu_timeout 200 $R/scripts/gpu_cpu_timeout_check.py $W/cpu_timeout_check.json
 tar -C $W -czf $OUT/self_checks.tgz .   # one file back: logs (each check's JSON) and rc.txt

@@ -4,7 +4,9 @@ Why: in a bs1 decode step the split runs on the critical path of every MoE layer
 starts only when it posts). This times 24 chained launches in one CUDA graph, per launch: device
 time (torch.profiler) and replay wall time, for launch shapes and post variants -- the mailbox's
 seq read from host memory or kept on the device, with and without the system fence, and without a
-post -- at the 30B-A3B routing shape (E=128, top-8, H=2048), T = 1 and 8. Optionally a variant
+post -- at the 30B-A3B routing shape (E=128, top-8, H=2048), T = 1 and 8, and the budgeted steps
+past max_tokens (issue 26: T = 16 and 32, i.e. up to 256 pairs, a budget of 64 pairs), where the
+[pairs, pairs] tables are 16x larger and the launch's warps (``split_triton.BIG_STEP_WARPS``) matter. Optionally a variant
 file of the kernel (``--baseline path.py``, e.g. the previous commit's) is timed beside it.
 
 Usage: python scripts/gpu_split_bench.py OUT.json [--baseline old_split_triton.py] [--team]
@@ -31,6 +33,7 @@ from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post
 
 E, K, H, LAYERS = 128, 8, 2048, 24
+BUDGET = 64  # the default pair budget at top-8 (max_tokens 8 x top-8)
 
 
 def wall_us(graph: torch.cuda.CUDAGraph, n: int = 30) -> float:
@@ -84,7 +87,8 @@ def main() -> int:
     host_offset = 1 << 20
     # cost: the CPU is cheap, so every step posts (the post's cost is what is measured)
     cost = torch.tensor([1e-3, 1e-6, 1e-6, 0.0], dtype=torch.float64, device=dev)
-    for t in (1, 8):
+    for t in (1, 8, 16, 32):
+        limit = None if t <= 8 else BUDGET  # steps past max_tokens: the pair budget (CostModel.pair_limit)
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(t)]).to(dev)
         phys = torch.where(ids < 38, ids, ids + host_offset)
         w = torch.rand(t, K, generator=g).to(dev)
@@ -105,19 +109,21 @@ def main() -> int:
             def launch(i: int) -> None:
                 b = bufs[i]
                 p = module.Post(x, b["st_x"], mailbox, b["expected"], 0, posted if seq_on_device else None) if post else None
+                extra = {"pair_limit": limit} if limit is not None else {}
                 module.split_and_stage(ids, phys, w, cost, valid, host_offset, 0, E, b["gpu_ids"], b["cpu_pairs"], b["st_ids"], b["st_mask"],
-                                       b["st_w"], b["counters"], p, **kw)
+                                       b["st_w"], b["counters"], p, **extra, **kw)
             return launch
 
         variants: dict[str, Callable[[int], None]] = {}
-        for warps in (1, 2, 4, 8):
+        for warps in (1, 2, 4, 8) + ((16,) if t > 8 else ()):
             variants[f"post_hostseq_w{warps}"] = launcher(split_triton, True, False, num_warps=warps)
             variants[f"post_devseq_w{warps}"] = launcher(split_triton, True, True, num_warps=warps)
         variants["post_devseq_w2_bx4096"] = launcher(split_triton, True, True, num_warps=2, block_x=4096)
         variants["post_devseq_w4_bx4096"] = launcher(split_triton, True, True, num_warps=4, block_x=4096)
         variants["nopost_w2"] = launcher(split_triton, False, False, num_warps=2)
         variants["nopost_w4"] = launcher(split_triton, False, False, num_warps=4)
-        if args.baseline:
+        variants["post_devseq_default_warps"] = launcher(split_triton, True, True)  # what the layer launches
+        if args.baseline and t <= 8:
             name = "reap_swap.server_ext.cpu_experts._split_baseline"  # its relative imports resolve as the real module's
             spec = importlib.util.spec_from_file_location(name, args.baseline)
             assert spec and spec.loader

@@ -101,12 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "or one list per local rank: 2-7;8-13 (default: all, split by rank; keep vLLM's own threads off them)")
     cpu.add_argument("--cpu-experts-link-gbps", type=float, help="host link GB/s for the split's cost model (default: measured at start-up)")
     cpu.add_argument("--cpu-experts-cpu-gbps", type=float, help="CPU expert GB/s for the cost model (default: measured at start-up)")
-    cpu.add_argument("--cpu-experts-max-tokens", type=int, help="largest step (tokens) the CPU takes part in (default 8; prefill keeps the link path)")
+    cpu.add_argument("--cpu-experts-max-tokens", type=int, help="steps up to this many tokens may give the CPU any of their misses (default 8)")
+    cpu.add_argument("--cpu-experts-max-step-tokens", type=int,
+                     help="larger steps up to this many tokens give the CPU at most --cpu-experts-pair-budget missed (token, expert) pairs, "
+                          "the experts with the fewest tokens first (default 32, at most 256 / top-k; equal to --cpu-experts-max-tokens: off; "
+                          "prefill keeps the link path)")
+    cpu.add_argument("--cpu-experts-pair-budget", type=int,
+                     help="most missed pairs the CPU takes in a step past --cpu-experts-max-tokens (default max-tokens x top-k)")
     return p
 
 
 def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
-    names = ("cpu_experts_cpus", "cpu_experts_link_gbps", "cpu_experts_cpu_gbps", "cpu_experts_max_tokens")
+    names = ("cpu_experts_cpus", "cpu_experts_link_gbps", "cpu_experts_cpu_gbps", "cpu_experts_max_tokens", "cpu_experts_max_step_tokens",
+             "cpu_experts_pair_budget")
     given = {name: getattr(args, name, None) for name in names}
     if not getattr(args, "cpu_experts", False):
         if any(v is not None for v in given.values()):
@@ -116,7 +123,8 @@ def _cpu_experts_env(args: argparse.Namespace, env: dict[str, str]) -> None:
     from .cpu_experts.cores import CpuSetError, parse_rank_lists
 
     knobs = {"cpu_experts_cpus": "REAP_CPU_EXPERT_CPUS", "cpu_experts_link_gbps": cpu_path.ENV_LINK_GBPS,
-             "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS}
+             "cpu_experts_cpu_gbps": cpu_path.ENV_CPU_GBPS, "cpu_experts_max_tokens": cpu_path.ENV_MAX_TOKENS,
+             "cpu_experts_max_step_tokens": cpu_path.ENV_MAX_STEP_TOKENS, "cpu_experts_pair_budget": cpu_path.ENV_PAIR_BUDGET}
     env[cpu_path.ENV_CPU_EXPERTS] = "1"
     for name, var in knobs.items():
         if given[name] is not None:
@@ -159,7 +167,8 @@ def _flag_of_env(env: dict[str, str]) -> dict[str, str]:
     if any(var.startswith("REAP_CPU_EXPERT") for var in env):  # set by --cpu-experts*: its settings are imported
         cpu_path = _cpu_path()
         flags.update({cpu_path.ENV_LINK_GBPS: "--cpu-experts-link-gbps", cpu_path.ENV_CPU_GBPS: "--cpu-experts-cpu-gbps",
-                      cpu_path.ENV_MAX_TOKENS: "--cpu-experts-max-tokens"})
+                      cpu_path.ENV_MAX_TOKENS: "--cpu-experts-max-tokens", cpu_path.ENV_MAX_STEP_TOKENS: "--cpu-experts-max-step-tokens",
+                      cpu_path.ENV_PAIR_BUDGET: "--cpu-experts-pair-budget"})
     return {var: flag for var, flag in flags.items() if var in env}
 
 
@@ -248,11 +257,11 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _cpu_path_fits(settings, top_k: int, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    """The layer's load-time check, before vLLM starts: a step's (token, expert) pairs fit the split."""
+    """The layer's load-time check, before vLLM starts: the largest step's (token, expert) pairs fit the split."""
     cpu_path = _cpu_path()
     if settings.enabled:
         try:
-            cpu_path.check_step_pairs(settings.max_tokens, top_k)
+            cpu_path.check_step_pairs(settings, top_k)
         except cpu_path.CpuPathConfigError as exc:
             raise ServeError(_with_flags(str(exc), env)) from None
 

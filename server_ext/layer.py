@@ -248,14 +248,14 @@ class ResidentRoutedExperts(RoutedExperts):
         rank, world = local_ranks()
         key = str(device)
         rates = _MEASURED_RATES.get(key)
-        probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0)
+        probe_cost = settings.cost(rates[0] if rates else 50.0, rates[1] if rates else 50.0, top_k=int(self.top_k))
         path = LayerCpuPath(rows, int(self.top_k), filler, settings, probe_cost, CpuThreads.from_env(local_rank=rank, local_world=world), device,
                             MappedStaging(device), num_experts=bank.num_experts)
         if rates is None:
             rates = (measure_link_GBps(w13[bank.table.host_row_offset:]), measure_cpu_GBps(path))
             _MEASURED_RATES[key] = rates
             logger.info("reap-swap CPU expert path: link %.1f GB/s, CPU %.1f GB/s measured", *rates)
-        path.cost = settings.cost(*rates)
+        path.cost = settings.cost(*rates, top_k=int(self.top_k))
         path.measured = {"link_GBps": rates[0], "cpu_GBps": rates[1]}
 
         orig_moe_sum = experts.moe_sum

@@ -219,7 +219,8 @@ class WorkerResidency:
         return {"enabled": True, "layers": len(self.cpu_paths), **dict(zip(CPU_PATH_COUNTERS, totals)),
                 # what the split decides by: rates measured at start-up unless the user set them
                 "measured": dict(first.measured),
-                "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "max_tokens": cost.max_tokens},
+                "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "max_tokens": cost.max_tokens,
+                               "max_step_tokens": cost.step_tokens, "pair_budget": cost.pair_budget},
                 "composed_with_online_cache": bool(self.caches)}
 
     def mode(self) -> str:

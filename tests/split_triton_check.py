@@ -1,6 +1,7 @@
 """``TRITON_INTERPRET=1 python -m tests.split_triton_check``: the one-program CUDA split
 (``split_triton.py``) against ``plan_split`` (torch) on random steps and the tie cases, its post to
 the team's mailbox (only steps with CPU pairs; ring entry, sequence number, staged hidden states),
+budgeted steps past ``max_tokens`` up to 256 pairs (issue 26: the pair budget, fewest missed pairs first),
 and the wait-and-merge program (CPU rows replaced in place once ``done`` reaches the step, the
 others untouched; a step never finished counts a timeout and is recomputed from the host rows). Prints ``split_triton == plan_split``
 when every check passes."""
@@ -11,12 +12,12 @@ import os
 
 import torch
 
-from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
+from reap_swap.server_ext.cpu_experts.split import CostModel, SplitResult, plan_split
 from reap_swap.server_ext.cpu_experts.split_triton import MAILBOX_WORDS, Post, Recompute, split_and_stage, wait_and_merge
 
 
 def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_bytes: int, e: int, host_offset: int, valid: int | None = None,
-          device_seq: bool = False, prio: torch.Tensor | None = None) -> int:
+          device_seq: bool = False, prio: torch.Tensor | None = None) -> SplitResult:
     t, k = ids.shape
     valid = t if valid is None else valid
     # host rows permuted (RAM complement: a missed expert's row is where the table points, not its id)
@@ -42,7 +43,7 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
         mailbox[0] = -7  # stale on purpose: the post must take the device's count
     post = Post(x, staged_x, mailbox, expected, 0xABC0 + t, posted if device_seq else None)
     split_and_stage(ids, phys, w, cost_t, torch.tensor([valid], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs, st_ids, st_mask,
-                    st_w, counters, post, priority=prio)
+                    st_w, counters, post, priority=prio, pair_limit=cost.pair_limit(t, k), pairs_first=cost.budgeted(t))
     if int(want.n_cpu) > 0:  # posted: the job's address in the ring, then the next sequence number
         assert int(mailbox[0]) == seq0 + 1 and int(expected) == seq0 + 1 and torch.equal(staged_x, x)
         assert int(mailbox[16 + (seq0 + 1) % 64]) == 0xABC0 + t
@@ -56,7 +57,8 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
     missed = (phys >= host_offset) & real
     expect = torch.tensor([int((want.cpu_experts | want.link_experts).sum()), int(want.n_cpu), int(missed.sum()), int(want.cpu_pairs.sum())]) + 5
     assert torch.equal(counters, expect), (counters, expect)
-    return int(want.n_cpu)
+    assert int(want.cpu_pairs.sum()) <= cost.pair_limit(t, k)
+    return want
 
 
 def main() -> None:
@@ -71,7 +73,7 @@ def main() -> None:
                 cost = CostModel(link_GBps=float(torch.empty(1).uniform_(20, 80, generator=g)), cpu_GBps=float(torch.empty(1).uniform_(10, 120, generator=g)),
                                  cpu_fixed_s=float(torch.empty(1).uniform_(0, 4e-4, generator=g)), cpu_per_pair_s=float(torch.empty(1).uniform_(0, 2e-5, generator=g)))
                 valid = int(torch.randint(0, t + 1, (1,), generator=g)) if t > 1 else None  # captured-graph padding
-                nonzero += check(ids, resident, cost, 9_437_184, e, 64, valid, device_seq=cases % 2 == 1) > 0
+                nonzero += int(check(ids, resident, cost, 9_437_184, e, 64, valid, device_seq=cases % 2 == 1).n_cpu) > 0
                 cases += 1
     # the composed mode: the cache's scores order the CPU's candidates (lowest first); whole-number
     # scores make ties, which fall back to (missed pairs, id)
@@ -84,23 +86,57 @@ def main() -> None:
                     prio = torch.rand(e, generator=g) * 10
                     prio = prio.floor() if tie else prio
                     cost = CostModel(link_GBps=50, cpu_GBps=float(torch.empty(1).uniform_(20, 120, generator=g)))
-                    nonzero += check(ids, resident, cost, 9_437_184, e, 256, None, prio=prio) > 0
+                    nonzero += int(check(ids, resident, cost, 9_437_184, e, 256, None, prio=prio).n_cpu) > 0
                     cases += 1
+    big, bound = check_budgeted_steps(g)
+    cases += big
     # exact ties: equal pipes, no overheads (the torch tests' cases)
     for m in range(1, 9):
         ids = torch.arange(m).view(1, m)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=50), 1 << 20, 16, 64)
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=25), 1 << 20, 16, 64)
     # the CPU takes every missed expert (best == m) with min(pairs, E) a power of two: BLOCK_N must reach m
-    assert check(torch.randperm(128, generator=g)[:8].view(1, 8), torch.zeros(128, dtype=torch.bool),
-                 CostModel(link_GBps=1, cpu_GBps=1000), 9_437_184, 128, 256) == 8
+    assert int(check(torch.randperm(128, generator=g)[:8].view(1, 8), torch.zeros(128, dtype=torch.bool),
+                     CostModel(link_GBps=1, cpu_GBps=1000), 9_437_184, 128, 256).n_cpu) == 8
     # tie rule 2 with duplicates across tokens: expert 0 has 2 missed pairs, experts 1 and 2 one each
     ids = torch.tensor([[0, 1], [0, 2]])
     for cpu_gbps in (50, 25, 100):
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=cpu_gbps), 1 << 20, 16, 64)
     check_ids_out_of_range()
     merges = check_wait_and_merge(g)
-    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts) and 21 tie / edge cases; {merges} merges")
+    print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts; {big} budgeted, {bound} held by "
+          f"their budget) and 21 tie / edge cases; {merges} merges")
+
+
+def _skewed(g: torch.Generator, t: int, k: int, e: int) -> torch.Tensor:
+    """[T, K] distinct experts per token, a few hot experts and a long tail (batch-32 decode's shape)."""
+    weights = (torch.arange(1, e + 1, dtype=torch.float64) ** -1.2)[torch.randperm(e, generator=g)]
+    return torch.stack([torch.multinomial(weights, k, replacement=False, generator=g) for _ in range(t)])
+
+
+def check_budgeted_steps(g: torch.Generator) -> tuple[int, int]:
+    """Steps past max_tokens up to 256 pairs (32 tokens x top-8): the pair budget and, with scores, fewest
+    missed pairs first; padded graphs and the budget's extremes. Returns (cases, cases the budget held back)."""
+    cases = bound = 0
+    for e, k, t in ((128, 8, 32), (128, 8, 16), (128, 8, 9), (64, 4, 24), (16, 2, 12)):
+        for mode in ("plain", "prio", "tie"):
+            for budget in (1, k + 3, 8 * k, t * k):
+                ids = _skewed(g, t, k, e)
+                resident = torch.rand(e, generator=g) < 0.3
+                prio = None if mode == "plain" else torch.rand(e, generator=g) * 10
+                if mode == "tie":
+                    prio = prio.floor()
+                cost = CostModel(link_GBps=float(torch.empty(1).uniform_(30, 60, generator=g)), cpu_GBps=float(torch.empty(1).uniform_(40, 200, generator=g)),
+                                 cpu_fixed_s=25e-6, cpu_per_pair_s=float(torch.empty(1).uniform_(0, 1e-5, generator=g)),
+                                 max_tokens=8, max_step_tokens=32, pair_budget=budget)
+                valid = int(torch.randint(9, t + 1, (1,), generator=g)) if cases % 3 == 2 and t > 9 else None
+                want = check(ids, resident, cost, 9_437_184, e, 256, valid, device_seq=cases % 2 == 1, prio=prio)
+                free = plan_split(ids, (ids >= 0) & ~resident[ids] & (torch.arange(t) < (valid or t)).view(-1, 1), e, 9_437_184,
+                                  CostModel(**{**cost.__dict__, "pair_budget": t * k}), priority=prio)
+                bound += int(free.cpu_pairs.sum()) > budget
+                cases += 1
+    assert bound > 0, "no case where the budget held the CPU back"
+    return cases, bound
 
 
 def check_ids_out_of_range() -> None:

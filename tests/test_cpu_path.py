@@ -3,6 +3,7 @@ split -> stage -> CPU step -> merge on the CPU device, the counters, and the ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,10 +29,17 @@ def test_settings_from_env() -> None:
     assert not off.enabled and off.link_GBps is None and off.max_tokens == 8
     on = cp.CpuPathSettings.from_env({cp.ENV_CPU_EXPERTS: "1", cp.ENV_LINK_GBPS: "48", cp.ENV_MAX_TOKENS: "4", cp.ENV_FIXED_US: "10"})
     assert on.enabled and on.link_GBps == 48 and on.max_tokens == 4 and on.fixed_us == 10
-    cost = on.cost(link_GBps=99, cpu_GBps=70)  # measured rates fill what the user left unset
+    cost = on.cost(link_GBps=99, cpu_GBps=70, top_k=8)  # measured rates fill what the user left unset
     assert (cost.link_GBps, cost.cpu_GBps, cost.max_tokens) == (48, 70, 4) and cost.cpu_fixed_s == pytest.approx(1e-5)
+    # issue 26: steps to 32 tokens (at most 256 pairs) under a budget of max_tokens x top-k pairs
+    assert (cost.step_tokens, cost.pair_budget) == (32, 32) and on.table_pairs(8) == 32
+    assert [off.step_tokens(k) for k in (2, 8, 16, 64)] == [32, 32, 16, 8] and off.budget(8) == 64
+    big = cp.CpuPathSettings.from_env({cp.ENV_CPU_EXPERTS: "1", cp.ENV_MAX_STEP_TOKENS: "16", cp.ENV_PAIR_BUDGET: "100"})
+    assert (big.step_tokens(8), big.budget(8), big.table_pairs(8)) == (16, 100, 100)
+    assert cp.CpuPathSettings(max_step_tokens=8).table_pairs(8) == 64  # no budgeted steps: the budget sizes nothing
     for env, name in (({cp.ENV_CPU_EXPERTS: "yes please"}, cp.ENV_CPU_EXPERTS), ({cp.ENV_CPU_GBPS: "fast"}, cp.ENV_CPU_GBPS),
-                      ({cp.ENV_LINK_GBPS: "0"}, cp.ENV_LINK_GBPS), ({cp.ENV_MAX_TOKENS: "2.5"}, cp.ENV_MAX_TOKENS)):
+                      ({cp.ENV_LINK_GBPS: "0"}, cp.ENV_LINK_GBPS), ({cp.ENV_MAX_TOKENS: "2.5"}, cp.ENV_MAX_TOKENS),
+                      ({cp.ENV_MAX_STEP_TOKENS: "0"}, cp.ENV_MAX_STEP_TOKENS), ({cp.ENV_PAIR_BUDGET: "many"}, cp.ENV_PAIR_BUDGET)):
         with pytest.raises(cp.CpuPathConfigError, match=name):
             cp.CpuPathSettings.from_env(env)
 
@@ -59,6 +67,16 @@ def test_serve_flags_become_env(tiny_model_dir: Path, monkeypatch: pytest.Monkey
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-cpus", "2-16")
     with pytest.raises(ValueError, match="at most 64 tokens"):  # top-4 routing: 65 x 4 pairs > the split's 256
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-tokens", "65")
+    big = _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "48", "--cpu-experts-pair-budget", "40")
+    assert big[cp.ENV_MAX_STEP_TOKENS] == "48" and big[cp.ENV_PAIR_BUDGET] == "40"
+    with pytest.raises(ValueError, match=r"--cpu-experts-max-step-tokens \(REAP_CPU_EXPERTS_MAX_STEP_TOKENS\)=65 .* at most 64 tokens"):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "65")
+    with pytest.raises(ValueError, match=r"--cpu-experts-max-step-tokens \(REAP_CPU_EXPERTS_MAX_STEP_TOKENS\)=4 is below"):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "4")
+    with pytest.raises(ValueError, match=r"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)=200 exceeds the 128"):
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-pair-budget", "200")  # top-4 x 32 tokens
+    with pytest.raises(ValueError, match="need --cpu-experts"):
+        _env(tiny_model_dir, "--cpu-experts-pair-budget", "20")
 
 
 def _layer(e: int = 16, h: int = 64, i: int = 32, slots: int = 4, seed: int = 0) -> tuple[BankRows, int]:
@@ -117,6 +135,52 @@ def test_steps_larger_than_the_split_takes_are_refused_plainly() -> None:
     with pytest.raises(cp.CpuPathConfigError, match=rf"{cp.ENV_MAX_TOKENS}=33 .* at most 32 tokens"):
         cp.LayerCpuPath(bank, 8, 0, cp.CpuPathSettings(enabled=True, max_tokens=33), CostModel(link_GBps=40, cpu_GBps=40, max_tokens=33),
                         K.CpuThreads(1), torch.device("cpu"))
+    with pytest.raises(cp.CpuPathConfigError, match=rf"{cp.ENV_MAX_STEP_TOKENS}=40 .* at most 32 tokens"):
+        cp.LayerCpuPath(bank, 8, 0, cp.CpuPathSettings(enabled=True, max_step_tokens=40), CostModel(link_GBps=40, cpu_GBps=40),
+                        K.CpuThreads(1), torch.device("cpu"))
+    # a cost model with larger steps or a larger budget than the layer's tables were sized for
+    path = cp.LayerCpuPath(bank, 4, 0, cp.CpuPathSettings(enabled=True, max_tokens=2, max_step_tokens=8, pair_budget=6),
+                           CostModel(link_GBps=40, cpu_GBps=40, max_tokens=2, max_step_tokens=8, pair_budget=6), K.CpuThreads(1), torch.device("cpu"))
+    assert path.rows == 8 and path.step_job.max_pairs == 8 and path.takes(8) and not path.takes(9)  # max(2 x 4, 6) CPU pairs
+    for bad in (CostModel(link_GBps=40, cpu_GBps=40, max_tokens=2, max_step_tokens=9, pair_budget=6),
+                CostModel(link_GBps=40, cpu_GBps=40, max_tokens=2, max_step_tokens=8, pair_budget=9),
+                CostModel(link_GBps=40, cpu_GBps=40, max_tokens=3, max_step_tokens=8, pair_budget=6)):
+        with pytest.raises(ValueError, match="do not fit the layer's tables"):
+            path.cost = bad
+
+
+@needs_native
+@pytest.mark.parametrize("prio", [False, True])
+def test_a_batch_step_past_max_tokens_gives_the_cpu_its_budget_and_merges_exactly(prio: bool) -> None:
+    """Issue 26 on the CPU device: a 12-token step (max_tokens 2, steps to 16, a budget of 5 pairs) splits as
+    plan_split does, the CPU computes at most 5 pairs, the merged per-k cache equals the reference."""
+    bank, off = _layer(e=16)
+    e, k, t = bank.num_experts, 4, 12
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=2, max_step_tokens=16, pair_budget=5)
+    cost = settings.cost(0.01, 10.0, top_k=k)  # tiny experts: a slow link so that the CPU pays
+    path = cp.LayerCpuPath(bank, k, 0, settings, cost, K.CpuThreads(2), torch.device("cpu"))
+    assert path.takes(12) and path.takes(16) and not path.takes(17) and path.step_job.max_pairs == 8
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(t, bank.hidden, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, k, generator=g), -1)
+    resident = ids < 3
+    phys = torch.where(resident, ids, ids + off)
+    score = torch.rand(e, generator=g) if prio else None
+    gpu_ids = path.before_experts(x, ids, w, phys, off, priority=score)
+    want = plan_split(ids, ~resident, e, bank.expert_bytes, cost, priority=score)
+    assert 0 < int(want.cpu_pairs.sum()) <= 5 and torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.zeros_like(phys), phys))
+    free = plan_split(ids, ~resident, e, bank.expert_bytes, dataclasses.replace(cost, pair_budget=t * k), priority=score)
+    assert int(free.cpu_pairs.sum()) > 5  # the budget is what held the CPU back
+    all_pairs = torch.ones(t, k, dtype=torch.bool)
+    ref = K.per_k_outputs(K.CpuExperts("torch", K.CpuThreads(1)).run(x, bank.w13[off:], bank.w2[off:], K.group_pairs(ids, w, all_pairs)),
+                          K.group_pairs(ids, w, all_pairs), t, k)
+    merged = path.merge(torch.where(want.cpu_pairs[..., None], torch.zeros_like(ref), ref).view(t * k, -1)).view(t, k, -1)
+    assert torch.equal(merged[~want.cpu_pairs], ref[~want.cpu_pairs])
+    assert float((merged - ref).float().abs().max()) <= 2**-6 * float(ref.float().abs().max())
+    s = path.stats()
+    assert s["cpu_pairs"] == s["host_pairs"] == int(want.cpu_pairs.sum()) and s["status"] == 0
+    assert cp.summarize([path])["cost_model"]["pair_budget"] == 5 and cp.summarize([path])["cost_model"]["max_step_tokens"] == 16
 
 
 @needs_native

@@ -92,6 +92,26 @@ def test_nothing_masked_computes_nothing_and_bad_ids_are_reported():
         step.stage(torch.zeros(2, 16, dtype=torch.bfloat16), ids, torch.ones(2, 2), torch.ones(2, 2, dtype=torch.bool))
 
 
+def test_a_step_past_its_pair_budget_is_refused_not_computed():
+    """The job's scratch holds max_pairs CPU pairs (the split's budget): a mask with more is refused
+    (status, no expert computed, no write past the scratch); one within it computes."""
+    bank, _, _ = _bank(8, 32, 16, offset=2)
+    with pytest.raises(ValueError, match="max_pairs"):
+        CpuStep(bank, max_tokens=4, top_k=2, threads=K.CpuThreads(1), max_pairs=9)
+    step = CpuStep(bank, max_tokens=4, top_k=2, threads=K.CpuThreads(2), max_pairs=3)
+    x = torch.randn(4, 32).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32)
+    three = torch.zeros(4, 2, dtype=torch.bool)
+    three[0, 0] = three[2, 1] = three[3, 0] = True
+    step.stage(x, ids, torch.ones(4, 2), three)
+    step.run(4)
+    assert (step.stats()["pairs"], step.stats()["status"]) == (3, 0)
+    step.stage(x, ids, torch.ones(4, 2), torch.ones(4, 2, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="more than its 3 pairs"):
+        step.run(4)
+    assert step.stats()["pairs"] == 3  # nothing computed for the refused step
+
+
 def test_bank_rows_are_validated():
     w13 = torch.zeros(4, 8, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="not \\[R, 2I, H\\]"):

@@ -212,6 +212,66 @@ def test_split_matches_the_servers_plan_split() -> None:
         assert mine == set(np.flatnonzero(res.cpu_experts.numpy()).tolist())
 
 
+def test_budgeted_split_matches_the_servers_plan_split() -> None:
+    """Steps past max_tokens (issue 26): the pair budget and, with the cache's scores, fewest missed pairs first."""
+    torch = pytest.importorskip("torch")
+    from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
+
+    rng = np.random.default_rng(2)
+    held = 0
+    for i in range(60):
+        t, e, k = int(rng.integers(1, 41)), 128, 8
+        budget = int(rng.integers(1, 65))
+        cost = CostModel(link_GBps=50.0, cpu_GBps=90.0, cpu_fixed_s=25e-6, cpu_per_pair_s=1e-6, max_tokens=8, max_step_tokens=32,
+                         pair_budget=budget)
+        rule = SplitRule(50.0, 90.0, 25e-6, 1e-6, 8, 32, budget)
+        pop = rng.dirichlet(np.full(e, 0.3))
+        ids = np.stack([rng.choice(e, k, replace=False, p=pop) for _ in range(t)])
+        missed = ~(rng.random(e) < 0.3)[ids]
+        prio = np.floor(rng.random(e) * 4).astype(np.float32) if i % 2 else None
+        res = plan_split(torch.from_numpy(ids), torch.from_numpy(missed), e, 9437184, cost,
+                         priority=None if prio is None else torch.from_numpy(prio))
+        experts, per = np.unique(ids[missed], return_counts=True)
+        chosen = split_cpu(per, rule, 9437184, t, None if prio is None else prio[experts], top_k=k)
+        assert set(experts[chosen].tolist()) == set(np.flatnonzero(res.cpu_experts.numpy()).tolist())
+        assert per[chosen].sum() <= rule.pair_limit(t, k) and (t <= 32 or len(chosen) == 0)
+        free = split_cpu(per, SplitRule(50.0, 90.0, 25e-6, 1e-6, 8, 32, t * k), 9437184, t, None if prio is None else prio[experts], top_k=k)
+        held += int(per[free].sum() > budget)  # the budget held the CPU back
+    assert held > 0
+
+
+def test_the_simulators_cpu_rule_is_the_servers_default() -> None:
+    pytest.importorskip("torch")
+    from reap_swap.planning.simulate import cpu_rule
+    from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings
+
+    for k in (2, 8, 16):
+        want = CpuPathSettings(enabled=True).cost(50.0, 65.0, top_k=k)
+        rule = cpu_rule(_clock(link_GBps=50.0, cpu_GBps=65.0, cpu_fixed_ms=0.025, cpu_pair_ms=0.001), top_k=k)
+        assert (rule.max_tokens, rule.step_tokens, rule.pair_budget) == (want.max_tokens, want.step_tokens, want.pair_budget)
+        assert [rule.pair_limit(t, k) for t in range(1, 40)] == [want.pair_limit(t, k) for t in range(1, 40)]
+
+
+def test_the_bs32_replay_gives_the_cpu_one_token_experts() -> None:
+    """A 32-request batch: with the budgeted rule the replay's decode steps put missed experts on the CPU, without it none."""
+    rng = np.random.default_rng(3)
+    e, k, L = 32, 4, 2
+    routes = []
+    for r in range(32):
+        ids = np.stack([[rng.choice(e, k, replace=False) for _ in range(L)] for _ in range(6)])
+        routes.append(RequestRoute(f"r{r}", np.array([PREFILL] * 2 + [DECODE] * 4, dtype=np.uint8), ids, np.full(ids.shape, 0.25), {}))
+    trace = build({"model": {"path": "bs32"}, "moe_layers": [0, 1], "num_experts": e, "top_k": k, "expert_bytes": MB50}, routes)
+    batch = [Batch(tuple(Request(r, 2, 4) for r in range(32)), {0: np.arange(8), 1: np.arange(8)})]
+    on = replay(trace, batch, Arm("s", "static", cpu=SplitRule(50.0, 100.0, 25e-6, 1e-6, 8, 32, 32)), MB50, slots=8)
+    off = replay(trace, batch, Arm("s", "static", cpu=SplitRule(50.0, 100.0, 25e-6, 1e-6, 8)), MB50, slots=8)
+    decode = [s for s in on if s.decode]
+    assert all(s.counts.tokens == 32 and s.counts.cpu_path for s in decode) and not on[0].counts.cpu_path  # the 64-token prefill: link
+    assert sum(int(s.counts.cpu.sum()) for s in decode) > 0 and max(int(s.counts.cpu_pairs.max()) for s in decode) <= 32
+    assert all(int(s.counts.cpu.sum()) == 0 and not s.counts.cpu_path for s in off)
+    clock = _clock()
+    assert sum(step_ms(clock, s.counts, MB50).total for s in decode) < sum(step_ms(clock, s.counts, MB50).total for s in off if s.decode)
+
+
 # --- choosing by step time --------------------------------------------------------------------------
 
 

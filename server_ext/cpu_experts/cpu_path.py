@@ -1,6 +1,7 @@
 """The CPU expert path of one MoE layer (issue 16): split, stage, host compute, merge.
 
-Per small step (at most ``max_tokens`` tokens; prefill keeps the plain path), after the step's ids
+Per decode-sized step (at most ``max_tokens`` tokens, or up to ``max_step_tokens`` with at most
+``pair_budget`` missed pairs to the CPU: ``split``'s module doc; prefill keeps the plain path), after the step's ids
 are remapped and before the online cache's promotions (composed mode: the CPU takes the coldest
 misses by the cache's scores, the cache promotes from the link's share -- a miss is promoted, read
 over the link, or computed on the CPU: one decision each):
@@ -42,8 +43,11 @@ ENV_CPU_GBPS = "REAP_CPU_EXPERTS_CPU_GBPS"
 ENV_FIXED_US = "REAP_CPU_EXPERTS_FIXED_US"
 ENV_PAIR_US = "REAP_CPU_EXPERTS_PAIR_US"
 ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
+ENV_MAX_STEP_TOKENS = "REAP_CPU_EXPERTS_MAX_STEP_TOKENS"
+ENV_PAIR_BUDGET = "REAP_CPU_EXPERTS_PAIR_BUDGET"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
+DEFAULT_STEP_TOKENS = 32  # batched decode up to 32 streams (issue 26), within MAX_STEP_PAIRS at top-8
 
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
@@ -80,6 +84,13 @@ class CpuPathSettings:
     """Per layer step: the team's pickup and grouping, its last items' tail, the merge's poll."""
     pair_us: float = 1.0
     max_tokens: int = 8
+    """Steps up to this many tokens: the CPU may take any of their misses."""
+    max_step_tokens: int | None = None
+    """Larger steps up to this many tokens join under the pair budget (None: 32, at most
+    ``MAX_STEP_PAIRS`` / top-k, never below ``max_tokens``; equal to ``max_tokens``: none join)."""
+    pair_budget: int | None = None
+    """Most missed pairs the CPU takes in a step past ``max_tokens`` (None: ``max_tokens`` x top-k,
+    the pairs of the largest unbudgeted step, so the CPU's tables are no larger than before)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CpuPathSettings":
@@ -91,25 +102,58 @@ class CpuPathSettings:
             fixed_us=_float_env(env, ENV_FIXED_US, 25.0, 0.0, 1e6) or 0.0,
             pair_us=_float_env(env, ENV_PAIR_US, 1.0, 0.0, 1e6) or 0.0,
             max_tokens=_int_env(env, ENV_MAX_TOKENS, 8, 1) or 8,
+            max_step_tokens=_int_env(env, ENV_MAX_STEP_TOKENS, None, 1),
+            pair_budget=_int_env(env, ENV_PAIR_BUDGET, None, 1),
         )
 
-    def cost(self, link_GBps: float, cpu_GBps: float) -> CostModel:
+    def step_tokens(self, top_k: int) -> int:
+        """The largest step (tokens) the CPU takes part in: the rows of the layer's tables."""
+        if self.max_step_tokens is not None:
+            return self.max_step_tokens
+        return max(self.max_tokens, min(DEFAULT_STEP_TOKENS, MAX_STEP_PAIRS // max(top_k, 1)))
+
+    def budget(self, top_k: int) -> int:
+        """The pair budget of a step past ``max_tokens``."""
+        return self.max_tokens * top_k if self.pair_budget is None else self.pair_budget
+
+    def table_pairs(self, top_k: int) -> int:
+        """Most CPU pairs of any step: the CPU job's scratch (its grouping, activations) holds this many."""
+        budgeted = self.step_tokens(top_k) > self.max_tokens
+        return max(self.max_tokens * top_k, self.budget(top_k) if budgeted else 0)
+
+    def cost(self, link_GBps: float, cpu_GBps: float, *, top_k: int) -> CostModel:
         return CostModel(
             link_GBps=self.link_GBps or link_GBps,
             cpu_GBps=self.cpu_GBps or cpu_GBps,
             cpu_fixed_s=self.fixed_us * 1e-6,
             cpu_per_pair_s=self.pair_us * 1e-6,
             max_tokens=self.max_tokens,
+            max_step_tokens=self.step_tokens(top_k),
+            pair_budget=self.budget(top_k),
         )
 
 
-def check_step_pairs(max_tokens: int, top_k: int) -> None:
-    """A step's (token, expert) pairs must fit the split's [pairs, pairs] tables: checked at load and by ``serve``."""
+def check_step_pairs(settings: CpuPathSettings, top_k: int) -> None:
+    """The settings must fit the split's [pairs, pairs] tables and each other: checked at load and by ``serve``."""
+    max_tokens, step, budget = settings.max_tokens, settings.step_tokens(top_k), settings.budget(top_k)
     if max_tokens * top_k > MAX_STEP_PAIRS:
         raise CpuPathConfigError(
             f"{ENV_MAX_TOKENS}={max_tokens} with top-{top_k} routing gives {max_tokens * top_k} (token, expert) "
             f"pairs per step; the CPU path's split takes at most {MAX_STEP_PAIRS} (it is for decode-sized steps): "
             f"use at most {MAX_STEP_PAIRS // top_k} tokens")
+    if step < max_tokens:
+        raise CpuPathConfigError(
+            f"{ENV_MAX_STEP_TOKENS}={step} is below {ENV_MAX_TOKENS}={max_tokens}: steps up to {ENV_MAX_TOKENS} tokens "
+            f"already take part; set {ENV_MAX_STEP_TOKENS} to at least {max_tokens} (equal: no budgeted steps)")
+    if step * top_k > MAX_STEP_PAIRS:
+        raise CpuPathConfigError(
+            f"{ENV_MAX_STEP_TOKENS}={step} with top-{top_k} routing gives {step * top_k} (token, expert) pairs per step; "
+            f"the CPU path's split takes at most {MAX_STEP_PAIRS} (its tables are [pairs, pairs]): use at most "
+            f"{MAX_STEP_PAIRS // top_k} tokens")
+    if budget > step * top_k:
+        raise CpuPathConfigError(
+            f"{ENV_PAIR_BUDGET}={budget} exceeds the {step * top_k} (token, expert) pairs of the largest step the CPU "
+            f"takes part in ({ENV_MAX_STEP_TOKENS}={step} x top-{top_k}): use at most {step * top_k}")
 
 
 class LayerCpuPath:
@@ -119,22 +163,23 @@ class LayerCpuPath:
                  threads: CpuThreads, device: torch.device, staging: Staging | None = None, num_experts: int | None = None):
         """``num_experts``: the layer's logical experts when the bank has fewer host rows (RAM complement:
         a missed expert's host row is where the routing table points, not ``row_offset + e``)."""
-        check_step_pairs(settings.max_tokens, top_k)
+        check_step_pairs(settings, top_k)
         self.bank = bank
         self.num_experts = bank.num_experts if num_experts is None else num_experts
         self.top_k = top_k
         self.filler_row = filler_row
         self.settings = settings
         self.device = device
-        self.step_job = CpuStep(bank, settings.max_tokens, top_k, threads, staging)
+        self.rows = settings.step_tokens(top_k)  # the largest step the CPU takes part in: every table has its rows
+        self.step_job = CpuStep(bank, self.rows, top_k, threads, staging, max_pairs=settings.table_pairs(top_k))
         # counters[:4] summed by the split, [4] by the merge's poll (timeouts)
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
         # CUDA: split + stage + post as one Triton program, wait + merge as another (split_triton);
         # elsewhere plan_split's torch ops and a post-and-wait from the host.
         self.fused = device.type == "cuda"
         self.expected = torch.zeros(1, dtype=torch.int64, device=device)  # the seq this layer's last step was posted as
-        self.cpu_pairs = torch.zeros(settings.max_tokens, top_k, dtype=torch.bool, device=device)
-        self.all_rows = torch.full((1,), settings.max_tokens, dtype=torch.int32, device=device)
+        self.cpu_pairs = torch.zeros(self.rows, top_k, dtype=torch.bool, device=device)
+        self.all_rows = torch.full((1,), self.rows, dtype=torch.int32, device=device)
         self.cost = cost
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
@@ -150,13 +195,19 @@ class LayerCpuPath:
 
     @cost.setter
     def cost(self, cost: CostModel) -> None:
+        k, cap = self.top_k, self.step_job.max_pairs
+        most = max(cost.pair_limit(cost.max_tokens, k), cost.pair_limit(cost.step_tokens, k))
+        if cost.step_tokens > self.rows or most > cap:
+            raise ValueError(f"the cost model's steps (up to {cost.step_tokens} tokens, {most} CPU pairs) do not fit the "
+                             f"layer's tables ({self.rows} tokens, {cap} CPU pairs)")
         self._cost = cost
         b = self.bank.expert_bytes
         self.cost_tensor = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
                                          cost.cpu_per_pair_s], dtype=torch.float64, device=self.device)
 
     def takes(self, num_tokens: int) -> bool:
-        return 0 < num_tokens <= self.settings.max_tokens
+        """Whether a step of this many tokens (the graph's size) runs the split: up to the cost model's largest step."""
+        return 0 < num_tokens <= self.cost.step_tokens
 
     def before_experts(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, phys: torch.Tensor,
                        host_offset: int, valid_rows: torch.Tensor | None = None, priority: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,7 +231,7 @@ class LayerCpuPath:
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
                             self.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
-                            post, priority=priority)
+                            post, priority=priority, pair_limit=self.cost.pair_limit(t, self.top_k), pairs_first=self.cost.budgeted(t))
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
@@ -222,7 +273,7 @@ class LayerCpuPath:
             from .split_triton import Recompute
 
             job, b = self.step_job, self.bank
-            scratch = torch.zeros(self.settings.max_tokens * self.top_k, b.inter, dtype=torch.float32, device=self.device)
+            scratch = torch.zeros(self.rows * self.top_k, b.inter, dtype=torch.float32, device=self.device)
             self._recompute = Recompute(job.x, job.ids.view(-1), job.weights.view(-1), b.w13, b.w2, b.row_offset, self.top_k,
                                         scratch, self._timeout_flag, job.team.stalled_on_device)
         return self._recompute
@@ -311,6 +362,7 @@ def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
         "device_seq_in_step": paths[0].step_job.team.seq_in_step(),
         "measured": paths[0].measured,
         "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
-                       "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens},
+                       "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens,
+                       "max_step_tokens": cost.step_tokens, "pair_budget": cost.pair_budget},
         "threads": {"n": paths[0].step_job.threads.n, "cpus": list(paths[0].step_job.threads.cpus), "spin_us": spin_us_from_env()},
     }

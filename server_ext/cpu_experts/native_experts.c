@@ -298,7 +298,8 @@ int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t
  * mask and routing weights and the [T, H] hidden states. The step groups the CPU pairs by expert
  * (ascending expert, pairs in (token, k) order), computes them from the bank's host rows in place
  * and writes each pair's bf16 output at its (token, k) row of the [T, K, H] per-k buffer (other
- * rows untouched: the device only reads the masked ones). A bad id sets status and the step
+ * rows untouched: the device only reads the masked ones). A bad id sets status -1, more CPU pairs
+ * than the job's scratch holds (max_pairs: the split's pair budget) status -2; the step then
  * computes nothing. The device may write ids / mask (mapped host memory) at any time, so the step
  * reads each of them exactly once, into ``sel``, validates that copy and uses only the copy: a
  * value changed after the check can never index ``counts``. Field order is mirrored by step.py's ctypes. */
@@ -312,16 +313,17 @@ typedef struct {
   const uint16_t* w2;
   int64_t w13_row_stride, w2_row_stride, row_offset, expert_bytes;
   int64_t T, K, H, I, E, nthreads;
+  int64_t max_pairs;   /* P: most CPU pairs of one step, what the arrays below marked [P] hold */
   int32_t* counts;     /* [E + 1] */
-  int32_t* group_rows; /* [T * K] */
-  int32_t* group_off;  /* [T * K + 1] */
-  int32_t* pair_tok;   /* [T * K] */
-  int32_t* pair_dst;   /* [T * K] */
-  int32_t* group_done; /* [T * K]: the team's phase-A items finished per group */
-  float* pair_w;       /* [T * K] */
+  int32_t* group_rows; /* [P] */
+  int32_t* group_off;  /* [P + 1] */
+  int32_t* pair_tok;   /* [P] */
+  int32_t* pair_dst;   /* [P] */
+  int32_t* group_done; /* [P]: the team's phase-A items finished per group */
+  float* pair_w;       /* [P] */
   void* xs;            /* [T * H] act_t */
-  float* hs;           /* [T * K * 2I] */
-  void* as;            /* [T * K * I] act_t */
+  float* hs;           /* [P * 2I] */
+  void* as;            /* [P * I] act_t */
   int32_t* sel;        /* [T * K]: expert of each CPU pair as read once from ids / mask, -1 for other pairs */
   int64_t calls, steps_with_work, experts, pairs, ns, bytes, status;
 } reap_cpu_job;
@@ -362,6 +364,7 @@ static int plan_job(reap_cpu_job* j, work_t* w) {
     np++;
   }
   if (np == 0) return 0;
+  if (np > (j->max_pairs > 0 ? j->max_pairs : TK)) { j->status = -2; return 0; } /* the split broke its budget */
   int ng = 0;
   for (int64_t e = 0; e < E; e++) { /* counts[e + 1] -> running start of expert e */
     int32_t c = j->counts[e + 1];

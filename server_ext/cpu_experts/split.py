@@ -20,9 +20,16 @@ experts with the fewest missed pairs (cheapest CPU work, fewest hidden states to
 lowest expert id. With ``priority`` (the online cache's scores, in the composed mode) the CPU takes
 the lowest-priority experts first and (2) breaks ties among equal priorities: the link keeps the
 misses worth promoting, the CPU computes the cold ones, whose slot would be wasted. Experts in ``forced_link`` (e.g. being promoted to a GPU slot this step: their
-bytes cross the link anyway) always stay on the link side. Steps with more than
-``max_tokens`` tokens (prefill) send everything to the link: the CPU pipe does not scale with
-tokens, the GPU does.
+bytes cross the link anyway) always stay on the link side.
+
+Step size. Steps of at most ``max_tokens`` tokens may give the CPU any of their misses. Larger
+steps up to ``max_step_tokens`` (batched decode: at batch 32 many missed experts get one or two
+tokens, and the CPU's cost of such an expert is its bytes, like the link's) give the CPU at most
+``pair_budget`` missed pairs -- the CPU's tables are fixed at start-up -- and order its candidates
+by missed pairs first (then priority, then id): for each ``n`` the ``n`` experts with the fewest
+pairs are the cheapest and the likeliest to fit, so the scan stays the exact optimum of the model
+under the budget when there is no priority. Still larger steps (prefill) send everything to the
+link: the CPU pipe does not scale with tokens, the GPU does.
 
 Everything is vectorised torch on fixed shapes ([E] masks, [E + 1] cost curve) with no host
 sync, so the same code can run on the device inside a captured graph or on the host.
@@ -47,6 +54,10 @@ class CostModel:
     cpu_per_expert_s: float = 0.0
     cpu_per_pair_s: float = 0.0
     max_tokens: int = 8
+    max_step_tokens: int = 0
+    """Largest step (tokens) under the pair budget; 0: ``max_tokens`` (no budgeted steps)."""
+    pair_budget: int = 0
+    """Most missed pairs the CPU takes in a step of more than ``max_tokens`` tokens."""
 
     def __post_init__(self) -> None:
         if self.link_GBps <= 0 or self.cpu_GBps <= 0:
@@ -55,6 +66,26 @@ class CostModel:
             raise ValueError("overheads must be >= 0")
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if self.max_step_tokens and self.max_step_tokens < self.max_tokens:
+            raise ValueError(f"max_step_tokens ({self.max_step_tokens}) must be 0 or >= max_tokens ({self.max_tokens})")
+        if self.pair_budget < 0:
+            raise ValueError(f"pair_budget must be >= 0, got {self.pair_budget}")
+
+    @property
+    def step_tokens(self) -> int:
+        """The largest step (tokens) whose misses the CPU may take part in."""
+        return max(self.max_tokens, self.max_step_tokens)
+
+    def budgeted(self, tokens: int) -> bool:
+        """A step past ``max_tokens``: the pair budget applies and candidates go by missed pairs first."""
+        return tokens > self.max_tokens
+
+    def pair_limit(self, tokens: int, top_k: int) -> int:
+        """Most missed pairs the CPU may take in a step of ``tokens`` rows (all of them up to
+        ``max_tokens``, the budget up to ``step_tokens``, none past it)."""
+        if not self.budgeted(tokens):
+            return tokens * top_k
+        return self.pair_budget if tokens <= self.step_tokens else 0
 
     def link_s(self, n_experts: int, expert_bytes: int) -> float:
         """Scalar form of the link term (for reports and tests)."""
@@ -117,8 +148,9 @@ def plan_split(
 
     ``topk_ids`` [T, K] routed experts; ``missed`` [T, K] bool, True where the pair's expert is not
     resident (padding rows of a captured graph must be False); ``forced_link`` [E] bool;
-    ``num_tokens`` the real token count when ``T`` is padded (a 0-d tensor keeps it graph-safe);
-    ``priority`` [E] float: the CPU takes low priorities first (ties: rule (2)).
+    ``num_tokens`` the real token count when ``T`` is padded (a 0-d tensor keeps it graph-safe; the
+    step size rules of the module doc follow it, else ``T``); ``priority`` [E] float: the CPU takes
+    low priorities first (ties: rule (2)); in a budgeted step, fewest missed pairs first, then priority.
     """
     if topk_ids.shape != missed.shape or topk_ids.dim() != 2:
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and missed {tuple(missed.shape)} must both be [T, K]")
@@ -135,15 +167,13 @@ def plan_split(
         forced = forced_link.to(device=dev, dtype=torch.bool) & missed_e
     eligible = missed_e & ~forced
 
+    tokens = topk_ids.shape[0] if num_tokens is None else num_tokens
     # Tie rule (2): CPU candidates ordered by (missed pairs, expert id); keys are unique.
     big = (topk_ids.numel() + 2) * num_experts
     key = torch.where(eligible, pairs * num_experts + e_idx, torch.full_like(pairs, big) + e_idx)
-    if priority is None:
-        order = torch.argsort(key)
-    else:  # (priority, key): a stable sort by key, then a stable sort by priority (ineligible last)
-        by_key = torch.argsort(key)
-        prio = torch.where(eligible, priority.to(device=dev, dtype=torch.float32), float("inf"))[by_key]
-        order = by_key[torch.sort(prio, stable=True).indices]
+    order = torch.argsort(key)
+    if priority is not None:
+        order = _priority_order(order, pairs, eligible, priority.to(device=dev, dtype=torch.float32), big, cost, tokens)
     rank = torch.empty_like(order).scatter_(0, order, e_idx)
     sorted_pairs = torch.where(eligible[order], pairs[order], torch.zeros_like(pairs))
     prefix_pairs = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(sorted_pairs, 0)])
@@ -154,12 +184,13 @@ def plan_split(
     n_missed = missed_e.sum().to(f64)
     link_curve = (n_missed - n).clamp(min=0.0) * (expert_bytes / (cost.link_GBps * _GB))
 
-    tokens = topk_ids.shape[0] if num_tokens is None else num_tokens
     valid = n <= eligible.sum().to(f64)
     if isinstance(tokens, torch.Tensor):  # a device count: stays on the device
-        valid = valid & ((tokens.to(dev) <= cost.max_tokens) | (n == 0))
-    elif tokens > cost.max_tokens:  # a Python count (graph-safe: no host -> device copy)
-        valid = valid & (n == 0)
+        tk = tokens.to(dev)
+        limit = torch.where(tk <= cost.max_tokens, topk_ids.numel(), torch.where(tk <= cost.step_tokens, cost.pair_budget, 0))
+        valid = valid & (prefix_pairs <= limit)
+    else:  # a Python count (graph-safe: no host -> device copy)
+        valid = valid & (prefix_pairs <= cost.pair_limit(int(tokens), topk_ids.shape[1]))
     step = torch.where(valid, torch.maximum(cpu_curve, link_curve), torch.full_like(n, float("inf")))
     best = torch.argmin(step)  # first minimum: tie rule (1), fewest CPU experts
 
@@ -174,6 +205,22 @@ def plan_split(
         link_s=link_curve.index_select(0, best.view(1)).squeeze(0),  # tensor index: no host read (graph-safe)
         cpu_s=cpu_curve.index_select(0, best.view(1)).squeeze(0),
     )
+
+
+def _priority_order(by_key: torch.Tensor, pairs: torch.Tensor, eligible: torch.Tensor, priority: torch.Tensor, big: int,
+                    cost: CostModel, tokens: int | torch.Tensor) -> torch.Tensor:
+    """Candidates by (priority, missed pairs, id), or in a budgeted step by (missed pairs, priority,
+    id); ineligible experts last. Stable sorts compose the keys (``by_key``: by (pairs, id))."""
+    prio = torch.where(eligible, priority, float("inf"))
+    prio_first = by_key[torch.sort(prio[by_key], stable=True).indices]
+    if isinstance(tokens, int) and not cost.budgeted(tokens):
+        return prio_first
+    by_prio = torch.sort(prio, stable=True).indices  # (priority, id): argsort of arange order is stable
+    count = torch.where(eligible, pairs, torch.full_like(pairs, big))
+    pairs_first = by_prio[torch.sort(count[by_prio], stable=True).indices]
+    if isinstance(tokens, int):
+        return pairs_first
+    return torch.where(tokens.to(by_key.device) > cost.max_tokens, pairs_first, prio_first)
 
 
 # --- the k-sum order rule --------------------------------------------------------------------

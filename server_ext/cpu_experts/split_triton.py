@@ -12,6 +12,9 @@ them cost ~3.9 ms per decode step (graph replay), more than the CPU path saves a
   device reads come after the post. Costs are float64 (a [4] device
   tensor: Python floats would reach Triton as float32), the same formula as ``plan_split``; ties:
   fewest CPU experts, then the CPU takes the experts with the fewest missed pairs, then the lowest id.
+  A step past ``max_tokens`` (``CostModel.budgeted``) comes with its pair budget (``pair_limit``: the
+  prefix of CPU candidates holds at most that many missed pairs) and, with priorities, orders the
+  candidates by missed pairs first (``PAIRS_FIRST``), as ``plan_split`` does.
 * ``wait_and_merge`` (one program per (token, k)): a CPU pair's program polls the mailbox's
   ``done`` until its step is finished, then copies the CPU's output row over the fused kernel's
   per-k row, in place, right before vLLM's ``moe_sum``; other programs do nothing. The poll is
@@ -43,6 +46,7 @@ __all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_me
 # int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
 MAILBOX_SEQ, MAILBOX_DONE, MAILBOX_RING, RING = tl.constexpr(0), tl.constexpr(8), tl.constexpr(16), tl.constexpr(64)
 SPLIT_WARPS, SPLIT_BLOCK_X = 4, 4096  # launch shape of the split (one program; scripts/gpu_split_bench.py)
+BIG_STEP_PAIRS, BIG_STEP_WARPS = 64, 16  # past 64 pairs the [P, P] tables get more threads (to be timed: gpu_split_bench.py)
 # One warp per merge program: its volatile reads of ``done`` are one transaction for all lanes, so
 # the wait-or-recompute decision is the same in every thread (two warps could read ``done`` on
 # either side of the team's store, split the branches and meet the recompute's barrier apart).
@@ -54,8 +58,9 @@ WAIT_LIMIT = WAIT_POLLS  # past it a step counts as timed out (one constant with
 def _split_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
     x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, posted_ptr, job_address, prio_ptr,
-    n_pairs, top_k, host_offset, filler, E, n_x, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    n_pairs, top_k, host_offset, filler, E, n_x, pair_limit, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr, SEQ_ON_DEVICE: tl.constexpr, HAS_PRIO: tl.constexpr,
+    PAIRS_FIRST: tl.constexpr,
 ):
     # Pair space: a step routes to at most n_pairs distinct experts, so every table is [P, P] or
     # [N, P] (N <= P + 1), not [E, E] -- at E = 128, batch 1 that is 64 compares instead of 16K.
@@ -75,7 +80,11 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     before = key[None, :] < key[:, None]
     if HAS_PRIO:  # the composed mode: lowest cache score first, then (missed pairs, id)
         pr = tl.load(prio_ptr + ids, mask=elig, other=0.0).to(tl.float32)
-        before = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & before)
+        if PAIRS_FIRST:  # a budgeted step: (missed pairs, score, id)
+            by_prio = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & (ids[None, :] < ids[:, None]))
+            before = (pairs[None, :] < pairs[:, None]) | ((pairs[None, :] == pairs[:, None]) & by_prio)
+        else:
+            before = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & before)
     rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
     n = tl.arange(0, BLOCK_N)
     prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & first[None, :], pairs[None, :], 0), axis=1)
@@ -86,7 +95,7 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     nf = n.to(tl.float64)
     cpu = tl.where(n > 0, fixed, 0.0) + nf * per_expert + prefix.to(tl.float64) * per_pair
     link = tl.maximum(m.to(tl.float64) - nf, 0.0) * link_per
-    step = tl.where(n <= m, tl.maximum(cpu, link), float("inf"))
+    step = tl.where((n <= m) & (prefix <= pair_limit), tl.maximum(cpu, link), float("inf"))  # the pair budget
     best = tl.min(tl.where(step == tl.min(step, axis=0), n, BLOCK_N), axis=0)  # first minimum
     cpu_pair = elig & (rank < best)
     # the host's inputs first, then the post (the team starts on it), then what only the device reads
@@ -200,8 +209,8 @@ def split_and_stage(
     topk_ids: torch.Tensor, phys: torch.Tensor, topk_weights: torch.Tensor, cost: torch.Tensor, valid_rows: torch.Tensor,
     host_offset: int, filler: int, num_experts: int, gpu_ids: torch.Tensor, cpu_pairs: torch.Tensor, st_ids: torch.Tensor,
     st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
-    post: "Post | None" = None, *, priority: torch.Tensor | None = None, num_warps: int = SPLIT_WARPS,
-    block_x: int = SPLIT_BLOCK_X,
+    post: "Post | None" = None, *, priority: torch.Tensor | None = None, pair_limit: int | None = None,
+    pairs_first: bool = False, num_warps: int | None = None, block_x: int = SPLIT_BLOCK_X,
 ) -> None:
     """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
 
@@ -209,8 +218,13 @@ def split_and_stage(
     misses (the CPU computes nothing for them, the GPU keeps their ids). With ``post``, a step that
     gave the CPU any pair also stages ``post.x`` and posts ``post.job_address`` to the team.
     ``priority`` [E] float32 (the online cache's scores): the CPU takes the lowest first (``plan_split``'s rule).
+    ``pair_limit`` (``CostModel.pair_limit``; None: every pair) bounds the CPU's missed pairs; ``pairs_first``
+    (``CostModel.budgeted``) orders prioritised candidates by missed pairs first.
     """
     n_pairs = topk_ids.numel()
+    limit = n_pairs if pair_limit is None else max(0, min(int(pair_limit), n_pairs))
+    if num_warps is None:
+        num_warps = SPLIT_WARPS if n_pairs <= BIG_STEP_PAIRS else BIG_STEP_WARPS
     if block_x < 16 or block_x & (block_x - 1):
         raise ValueError(f"block_x={block_x} must be a power of two >= 16")
     interpret = _interpreted()
@@ -220,10 +234,11 @@ def split_and_stage(
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
         p.x, p.staged_x, p.mailbox, p.expected, posted, p.job_address, priority if priority is not None else cost,
-        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(),
-        BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(min(n_pairs, num_experts) + 1),
+        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(), limit,
+        # n = 0..min(pairs, E, limit): every CPU expert holds at least one of the limit's pairs
+        BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(max(min(n_pairs, num_experts, limit) + 1, 2)),
         BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None,
-        HAS_PRIO=priority is not None, num_warps=num_warps,
+        HAS_PRIO=priority is not None, PAIRS_FIRST=bool(pairs_first) and priority is not None, num_warps=num_warps,
     )
 
 

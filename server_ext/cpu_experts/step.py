@@ -41,7 +41,7 @@ class CpuJob(ctypes.Structure):
     _fields_ = [
         ("ids", _p), ("mask", _p), ("weights", _p), ("x", _p), ("out", _p), ("w13", _p), ("w2", _p),
         ("w13_row_stride", _i), ("w2_row_stride", _i), ("row_offset", _i), ("expert_bytes", _i),
-        ("T", _i), ("K", _i), ("H", _i), ("I", _i), ("E", _i), ("nthreads", _i),
+        ("T", _i), ("K", _i), ("H", _i), ("I", _i), ("E", _i), ("nthreads", _i), ("max_pairs", _i),
         ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("group_done", _p), ("pair_w", _p),
         ("xs", _p), ("hs", _p), ("as_", _p), ("sel", _p),
         ("calls", _i), ("steps_with_work", _i), ("experts", _i), ("pairs", _i), ("ns", _i), ("bytes", _i), ("status", _i),
@@ -85,10 +85,13 @@ class BankRows:
 
 
 class CpuStep:
-    """A layer's CPU expert step for up to ``max_tokens`` tokens with ``top_k`` experts each."""
+    """A layer's CPU expert step for up to ``max_tokens`` tokens with ``top_k`` experts each, of
+    which at most ``max_pairs`` (default: all) are the CPU's: the staging is [max_tokens, top_k],
+    the grouping and activation scratch [max_pairs] (the split's pair budget keeps to it; the
+    native step refuses a step past it rather than write past its scratch)."""
 
     def __init__(self, bank: BankRows, max_tokens: int, top_k: int, threads: CpuThreads, staging: Staging | None = None,
-                 team: CpuTeam | None = None):
+                 team: CpuTeam | None = None, max_pairs: int | None = None):
         lib = native_library()
         if lib is None:
             raise RuntimeError(f"the CPU expert path needs the native kernel, which did not build: {native_error()}")
@@ -96,12 +99,16 @@ class CpuStep:
             raise RuntimeError(f"native job struct is {lib.reap_cpu_job_size()} bytes, the Python mirror {ctypes.sizeof(CpuJob)}")
         if max_tokens < 1 or top_k < 1:
             raise ValueError(f"max_tokens and top_k must be >= 1, got {max_tokens}, {top_k}")
+        max_pairs = max_tokens * top_k if max_pairs is None else max_pairs
+        if not 1 <= max_pairs <= max_tokens * top_k:
+            raise ValueError(f"max_pairs must be in 1..{max_tokens * top_k} (the table's pairs), got {max_pairs}")
         if len(threads.cpus) > 1024 or threads.n > 1024:
             raise ValueError(f"the CPU expert team takes at most 1024 threads and cores, got {threads.n} / {len(threads.cpus)}")
         self.lib = lib
         self.bank = bank
         self.max_tokens = max_tokens
         self.top_k = top_k
+        self.max_pairs = max_pairs
         self.threads = threads
         staging = staging or PlainStaging()
         self.staging = staging
@@ -112,7 +119,7 @@ class CpuStep:
         self._w_h, self.weights = staging.alloc((t, k), torch.float32)
         self._x_h, self.x = staging.alloc((t, h), torch.bfloat16)
         self._out_h, self.out = staging.alloc((t, k, h), torch.bfloat16)
-        pairs = t * k
+        pairs = max_pairs  # the CPU's pairs of one step, grouped by expert
         act = int(lib.reap_cpu_act_size())
         self._scratch = {
             "counts": torch.zeros(bank.num_experts + 1, dtype=torch.int32),
@@ -125,7 +132,7 @@ class CpuStep:
             "xs": torch.zeros(t * h * act, dtype=torch.uint8),
             "hs": torch.zeros(pairs * 2 * i, dtype=torch.float32),
             "as_": torch.zeros(pairs * i * act, dtype=torch.uint8),
-            "sel": torch.zeros(pairs, dtype=torch.int32),  # ids / mask read once (native_experts.c plan_job)
+            "sel": torch.zeros(t * k, dtype=torch.int32),  # the whole table's ids / mask read once (native_experts.c plan_job)
         }
         self._jobs: dict[int, CpuJob] = {}
 
@@ -141,7 +148,7 @@ class CpuStep:
                 x=self._x_h.data_ptr(), out=self._out_h.data_ptr(), w13=b.w13.data_ptr(), w2=b.w2.data_ptr(),
                 w13_row_stride=b.w13.stride(0), w2_row_stride=b.w2.stride(0), row_offset=b.row_offset,
                 expert_bytes=b.expert_bytes, T=num_tokens, K=self.top_k, H=b.hidden, I=b.inter, E=b.num_experts,
-                nthreads=self.threads.n, **{name: t.data_ptr() for name, t in self._scratch.items()},
+                nthreads=self.threads.n, max_pairs=self.max_pairs, **{name: t.data_ptr() for name, t in self._scratch.items()},
             )
             self._jobs[num_tokens] = job
         return job
@@ -167,9 +174,12 @@ class CpuStep:
         self.check()
 
     def check(self) -> None:
-        bad = [t for t, j in self._jobs.items() if j.status]
+        bad = [t for t, j in self._jobs.items() if j.status == -1]
         if bad:
             raise RuntimeError(f"CPU expert step saw an expert id outside 0..{self.bank.num_experts - 1} (tokens {bad})")
+        over = [t for t, j in self._jobs.items() if j.status]
+        if over:
+            raise RuntimeError(f"CPU expert step was given more than its {self.max_pairs} pairs (tokens {over}): the split broke its pair budget")
 
     def merge(self, per_k: torch.Tensor, cpu_pairs: torch.Tensor) -> torch.Tensor:
         """The fused kernel's [T, K, H] per-(token, k) outputs with the CPU pairs' places replaced."""
