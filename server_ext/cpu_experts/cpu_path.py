@@ -47,7 +47,10 @@ ENV_MAX_STEP_TOKENS = "REAP_CPU_EXPERTS_MAX_STEP_TOKENS"
 ENV_PAIR_BUDGET = "REAP_CPU_EXPERTS_PAIR_BUDGET"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
-DEFAULT_STEP_TOKENS = 32  # batched decode up to 32 streams (issue 26), within MAX_STEP_PAIRS at top-8
+# Off by default: no step past max_tokens joins unless asked (serve --cpu-experts-max-step-tokens 32). On the H200
+# (2026-12-03, scripts/gpu_cpu_path_check.py) the budgeted split at 32 tokens took 237 us per layer step (5.7 ms over
+# 24 layers), more than the link time it can save; it stays opt-in until the split is fast and measured end to end.
+DEFAULT_STEP_TOKENS = 0
 
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
@@ -86,8 +89,8 @@ class CpuPathSettings:
     max_tokens: int = 8
     """Steps up to this many tokens: the CPU may take any of their misses."""
     max_step_tokens: int | None = None
-    """Larger steps up to this many tokens join under the pair budget (None: 32, at most
-    ``MAX_STEP_PAIRS`` / top-k, never below ``max_tokens``; equal to ``max_tokens``: none join)."""
+    """Larger steps up to this many tokens join under the pair budget (None: ``DEFAULT_STEP_TOKENS``, off;
+    at most ``MAX_STEP_PAIRS`` / top-k, never below ``max_tokens``; equal to ``max_tokens``: none join)."""
     pair_budget: int | None = None
     """Most missed pairs the CPU takes in a step past ``max_tokens`` (None: ``max_tokens`` x top-k,
     the pairs of the largest unbudgeted step, so the CPU's tables are no larger than before)."""
