@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/bench_serve_<tag>.json; the table beside it, .md)")
     p.add_argument("--workdir", type=Path, help="model dir and server logs (default: a temp dir)")
     p.add_argument("--resume", action="store_true", help="keep the arms of --out that finished with the same settings")
+    p.add_argument("--dry-run", action="store_true", help="print every arm's server command line and the loads; start nothing, write no result")
     p.add_argument("--trace", type=Path, help="routing trace (.npz) every server replays (default: the model's own routing)")
     p.add_argument("--sets", type=Path, help="expert sets (reap-swap learned-sets JSON): the reap arms start from its static top-k; with --trace")
     p.add_argument("--trace-layers", help="trace layers feeding the model's MoE layers, comma-separated (default: 1:1, or spread evenly)")
@@ -257,6 +259,21 @@ def run_arm(arm: ArmServer, s: ServeSettings, ctx: dict[str, Any], args: argpars
     return out
 
 
+def dry_run(args: argparse.Namespace, s: ServeSettings, ctx: dict[str, Any]) -> int:
+    """What a run would start and send, nothing started (``--port`` shown as 0)."""
+    from . import serve_workload as wl
+
+    print(f"routing: {ctx['routing']}\nslots per layer: {s.slots}; stock_offload --cpu-offload-gb {s.offload_gib:.4f}; "
+          f"max model len {s.max_model_len}")
+    for c in args.concurrency:
+        n = wl.requests_at(c, args.requests_per_stream, args.min_requests)
+        print(f"concurrency {c}: {n} requests x {args.repeats} repeats, {args.max_tokens} tokens each (warm-up: {c} requests)")
+    for name in args.arms:
+        arm = arm_server(name, s)
+        print(f"\n[{name}] " + shlex.join([*(f"{k}={v}" for k, v in arm.env.items()), *server_argv(arm, s, 0)]))
+    return 0
+
+
 def _same_settings(old: dict[str, Any], arm: ArmServer, workload: dict[str, Any]) -> bool:
     return not old.get("error") and "by_concurrency" in old and old.get("config") == arm.config() and old.get("workload") == workload
 
@@ -281,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workload = {k: getattr(args, k) for k in ("concurrency", "repeats", "requests_per_stream", "min_requests", "max_tokens", "prompt_tokens")}
     workload["trace"] = args.trace.name if args.trace else None
+    if args.dry_run:
+        return dry_run(args, settings, ctx)
     old = json.loads(args.out.read_text()).get("arms", {}) if args.resume and args.out.is_file() else {}
     result: dict[str, Any] = {
         "tag": args.tag, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -293,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.arms:
             arm = arm_server(name, settings)
-            longest = max((a.get("wall_s", 0.0) for a in result["arms"].values() if "by_concurrency" in a), default=0.0)
+            longest = _estimate(result["arms"], arm.kind)
             left = None if deadline is None else deadline - time.monotonic()
             if name in old and _same_settings(old[name], arm, workload):
                 print(f"bench-serve: arm {name} kept from {args.out}", flush=True)
@@ -316,6 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(result))
     print(f"wrote {args.out}")
     return 0 if not any(a.get("error") for a in result["arms"].values()) else 1
+
+
+def _estimate(arms: dict[str, dict[str, Any]], kind: str) -> float:
+    """The next arm's wall time: the slowest finished arm of its kind (stock offload is far slower than reap), else of any."""
+    done = [a for a in arms.values() if "by_concurrency" in a and a.get("wall_s")]
+    same = [a["wall_s"] for a in done if a.get("config", {}).get("kind") == kind]
+    return max(same or [a["wall_s"] for a in done] or [0.0])
 
 
 def _write(result: dict[str, Any], out: Path) -> None:

@@ -180,3 +180,17 @@ def test_deadline_starts_nothing_that_cannot_finish_and_resume_keeps_finished_ar
     out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
     cli_main([*args[:-4], "--concurrency", "1", *args[-4:], "--resume"])
     assert "error" in json.loads(out.read_text())["arms"]["stock_gpu"]
+
+
+def test_dry_run_prints_the_h200_servers_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The H200 run's command lines, checked here: 30 % of expert bytes on the GPU in both stock offload and reap."""
+    sets = REPO / "benchmarks" / "results" / "learned_sets.json"
+    out = tmp_path / "out.json"
+    assert cli_main(["bench-serve", "--shape", "30b-a3b-24l", "--arms", "stock_offload,reap_static_cpu,reap_fast", "--trace", str(TRACE),
+                     "--sets", str(sets), "--out", str(out), "--workdir", str(tmp_path / "w"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists() and not (tmp_path / "w" / "logs").exists()
+    # 24 layers x (128 - 38) experts x 9 437 184 bytes = 18.98 GiB on the host: 38 of 128 (30 %) on the GPU, as the reap slots
+    assert "--cpu-offload-gb 18.9844 --cpu-offload-params experts" in text and text.count("--resident-experts-per-layer 38") == 2
+    assert "concurrency 32: 96 requests x 3 repeats, 64 tokens each" in text
+    assert text.count("REAP_BENCH_TRACE=") == 3 and "--fast" in text and "--load-format dummy" in text
