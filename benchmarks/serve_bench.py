@@ -187,8 +187,6 @@ def trace_attached(log: Path) -> dict[str, Any] | None:
 def _misses(url: str) -> dict[str, Any]:
     """Every request's routed / missed pairs since the last read (drained: the ledger keeps nothing)."""
     r = httpx.get(f"{url}/router_misses/__all__", params={"reset": "true"}, timeout=120)
-    if r.status_code == 404:  # nothing routed since the last read
-        return {"routed_pairs": 0, "missed_pairs": 0}
     r.raise_for_status()
     return r.json()
 

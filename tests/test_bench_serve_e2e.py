@@ -71,3 +71,20 @@ def test_bench_serve_two_arms_with_the_trace_in_both_servers(tmp_path: Path) -> 
     kept = json.loads(out.read_text())
     assert all(a["resumed"] for a in kept["arms"].values())
     assert kept["arms"]["reap_static"]["by_concurrency"] == reap["by_concurrency"]
+
+
+@pytest.mark.vllm
+def test_bench_serve_calibrates_the_reap_set_without_a_trace(tmp_path: Path) -> None:
+    """Dummy routing (the model's own router): the reap arm starts empty and swaps in the experts its warm-up used most."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "bench_serve_cpu.json"
+    p = bench_serve("--model", str(learned128_cpu_dir()), "--device", "cpu", "--arms", "reap_static", "--concurrency", "2",
+                    "--repeats", "1", "--requests-per-stream", "2", "--max-tokens", "8", "--prompt-tokens", "24",
+                    "--min-requests", "4", "--workdir", str(tmp_path / "work"), "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    arm = json.loads(out.read_text())["arms"]["reap_static"]
+    assert "trace_routing" not in arm and '"--start-resident", "none"' in json.dumps(arm["argv"])
+    assert arm["calibration"]["experts_loaded"] > 0 and arm["calibration"]["bytes_copied"] > 0
+    row = arm["by_concurrency"]["2"]
+    assert (row["requests"], row["errors"], row["completion_tokens"]) == (4, 0, 32)
+    assert 0 < row["hits"]["hit_rate"] <= 1  # before the swap nothing was resident: every pair missed
