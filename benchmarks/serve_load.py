@@ -5,6 +5,8 @@ have been sent; each records its TTFT (first content chunk), every later content
 arrival (inter-token latency), its end, its completion tokens (the server's ``usage`` in the
 final chunk with ``stream_options.include_usage``, else the number of content chunks), its
 text and any error. ``aggregate`` turns those records into the run's numbers; it is pure.
+A prompt is text or token ids (exact prompt lengths); a request may carry its own
+``X-Request-Id`` (vLLM adopts it: the trace replay and the miss accounting key on it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+
+Prompt = str | list[int]
 
 WORDS = ("the of and to in is was for on are with as by at from this that which have it not be or an "
          "server expert model token cache memory layer route swap host device batch request stream").split()
@@ -108,15 +112,16 @@ def make_prompts(n: int, prompt_words: int, seed: int = 0, corpus: list[str] | N
     return out
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      temperature: float, seed: int | None, timeout: float) -> RequestRecord:
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: Prompt, max_tokens: int,
+                      temperature: float, seed: int | None, timeout: float, request_id: str | None = None) -> RequestRecord:
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     if seed is not None:
         body["seed"] = seed
+    headers = {"X-Request-Id": request_id} if request_id else None
     rec = RequestRecord(start=time.monotonic())
     try:
-        async with client.stream("POST", url.rstrip("/") + "/v1/completions", json=body, timeout=timeout) as resp:
+        async with client.stream("POST", url.rstrip("/") + "/v1/completions", json=body, timeout=timeout, headers=headers) as resp:
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
                 return rec
@@ -150,9 +155,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
     return rec
 
 
-async def run_load(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-                   temperature: float = 0.0, seed: int | None = None, timeout: float = 600.0) -> tuple[list[RequestRecord], float]:
-    """Closed loop: ``concurrency`` workers take the next prompt as soon as their last request ends."""
+async def run_load(url: str, model: str, prompts: list[Prompt], concurrency: int, max_tokens: int,
+                   temperature: float = 0.0, seed: int | None = None, timeout: float = 600.0,
+                   request_ids: list[str] | None = None) -> tuple[list[RequestRecord], float]:
+    """Closed loop: ``concurrency`` workers take the next prompt as soon as their last request ends
+    (prompt i is sent as ``request_ids[i]`` when given)."""
+    if request_ids is not None and len(request_ids) != len(prompts):
+        raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
     queue = list(enumerate(prompts))
     results: list[RequestRecord | None] = [None] * len(prompts)
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -161,16 +170,17 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, m
             while queue:
                 i, prompt = queue.pop(0)
                 results[i] = await one_request(client, url, model, prompt, max_tokens, temperature,
-                                               None if seed is None else seed + i, timeout)
+                                               None if seed is None else seed + i, timeout,
+                                               None if request_ids is None else request_ids[i])
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
         wall = time.monotonic() - t0
     return [r for r in results if r is not None], wall
 
 
-def load(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int, temperature: float = 0.0,
-         seed: int | None = None, timeout: float = 600.0) -> dict[str, Any]:
-    records, wall = asyncio.run(run_load(url, model, prompts, concurrency, max_tokens, temperature, seed, timeout))
+def load(url: str, model: str, prompts: list[Prompt], concurrency: int, max_tokens: int, temperature: float = 0.0,
+         seed: int | None = None, timeout: float = 600.0, request_ids: list[str] | None = None) -> dict[str, Any]:
+    records, wall = asyncio.run(run_load(url, model, prompts, concurrency, max_tokens, temperature, seed, timeout, request_ids))
     stats = aggregate(records, wall)
     stats["concurrency"] = concurrency
     stats["temperature"] = temperature

@@ -15,6 +15,7 @@ them into that buffer before the forward pass (``rows_for_step`` + ``stage``).
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -27,6 +28,21 @@ Entry = tuple[str, int, int]
 """(request id, tokens already computed, tokens scheduled this step), in batch order."""
 
 _RING = 4
+TRACE_TAG = re.compile(r"(?:^|[^0-9A-Za-z])trace(\d+)(?![0-9A-Za-z])")
+"""A request id carrying ``trace<N>`` (``bench.trace7.c32.0``; vLLM's ``cmpl-`` prefix and suffixes,
+and the proxy's ``.<random>``, keep it) replays trace request N: a served client names the routing
+of each request it sends (``tagged_request_id``) without any call into the engine."""
+
+
+def tagged_request_id(trace_request: int, rest: str) -> str:
+    """An ``X-Request-Id`` that makes a server whose replay reads ``TRACE_TAG`` replay ``trace_request``."""
+    return f"trace{int(trace_request)}.{rest}"
+
+
+def tag_of(request_id: str) -> int | None:
+    """The trace request a ``TRACE_TAG`` id names, else None."""
+    m = TRACE_TAG.search(request_id)
+    return None if m is None else int(m.group(1))
 
 
 def prompt_lengths(trace: RoutingTrace) -> list[int]:
@@ -38,7 +54,9 @@ class TraceReplay:
     """Per-layer trace tables on the device plus the host bookkeeping that picks rows per step.
 
     ``layers`` selects which trace layers feed the model's MoE layers, in model
-    order (default: all of them, 1:1; their count must equal ``num_layers``).
+    order (default: all of them, 1:1; their count must equal ``num_layers``). With
+    ``read_tags`` a request id carrying ``TRACE_TAG`` replays the trace request it names
+    (one that does not exist, or has no rows, falls back to round-robin).
     """
 
     def __init__(
@@ -50,6 +68,7 @@ class TraceReplay:
         max_tokens: int,
         device: torch.device | str = "cpu",
         layers: Sequence[int] | None = None,
+        read_tags: bool = False,
     ):
         chosen = list(range(trace.num_layers)) if layers is None else [int(i) for i in layers]
         if len(chosen) != num_layers:
@@ -85,6 +104,7 @@ class TraceReplay:
         self._explicit: dict[str, int] = {}
         self._assigned: dict[str, int] = {}
         self._next_auto = 0
+        self.read_tags = read_tags
         self.steps_staged = 0
 
     @property
@@ -120,7 +140,8 @@ class TraceReplay:
         self._assigned = {k: v for k, v in self._assigned.items() if not engine_id_matches_exact(k, str(request_id))}
 
     def trace_request_of(self, request_id: str) -> int:
-        """The trace request ``request_id`` replays; unknown ids take the next one round-robin at first sight."""
+        """The trace request ``request_id`` replays: assigned, else named by its tag (``read_tags``), else
+        the next one round-robin at first sight."""
         r = self._assigned.get(request_id)
         if r is not None:
             return r
@@ -129,6 +150,10 @@ class TraceReplay:
             keys = [k for k in self._explicit if engine_id_matches_exact(request_id, k)]
             if keys:
                 r = self._explicit[max(keys, key=len)]
+        if r is None and self.read_tags:
+            tag = tag_of(str(request_id))
+            if tag is not None and 0 <= tag < self.num_requests and self.lengths[tag] > 0:
+                r = tag
         if r is None:
             r = self._usable[self._next_auto % len(self._usable)]
             self._next_auto += 1

@@ -49,9 +49,12 @@ _PATCHED = "_reap_trace_patched"
 class TraceRouting:
     """Handle the arm keeps: the trace, and the replay once the model is loaded."""
 
-    def __init__(self, trace: RoutingTrace, layers: Sequence[int] | None = None):
+    def __init__(self, trace: RoutingTrace, layers: Sequence[int] | None = None, read_tags: bool = False,
+                 announce: Callable[[dict[str, Any]], None] | None = None):
         self.trace = trace
         self.layers = None if layers is None else list(layers)
+        self.read_tags = read_tags
+        self.announce = announce  # told ``describe()`` once the replay is attached (a served arm's proof in its log)
         self.replay: TraceReplay | None = None
         self.moe_layer_names: list[str] = []
         self._pending: list[tuple[str, int | str]] = []
@@ -98,7 +101,8 @@ class TraceRouting:
         first = routers[0]
         max_tokens = max(int(runner.max_num_tokens), int(getattr(runner.compilation_config, "max_cudagraph_capture_size", 0) or 0))
         replay = TraceReplay(
-            self.trace, len(routers), int(first.global_num_experts), int(first.top_k), max_tokens, runner.device, self.layers
+            self.trace, len(routers), int(first.global_num_experts), int(first.top_k), max_tokens, runner.device, self.layers,
+            read_tags=self.read_tags,
         )
         for i, r in enumerate(routers):
             if (int(r.top_k), int(r.global_num_experts)) != (replay.top_k, replay.num_experts):
@@ -117,6 +121,8 @@ class TraceRouting:
             "trace routing: %d MoE layers replay %d trace requests (%d rows, %.1f MiB of tables on %s)",
             len(routers), replay.num_requests, int(replay.offsets[-1]), replay.table_bytes / 2**20, replay.device,
         )
+        if self.announce is not None:
+            self.announce(self.describe())
 
 
 _ACTIVE: TraceRouting | None = None
@@ -126,8 +132,10 @@ def active() -> TraceRouting | None:
     return _ACTIVE
 
 
-def install(trace: RoutingTrace, layers: Sequence[int] | None = None) -> TraceRouting:
-    """Patch vLLM's classes (idempotent) and make ``trace`` the routing of the next model loaded here."""
+def install(trace: RoutingTrace, layers: Sequence[int] | None = None, read_tags: bool = False,
+            announce: Callable[[dict[str, Any]], None] | None = None) -> TraceRouting:
+    """Patch vLLM's classes (idempotent) and make ``trace`` the routing of the next model loaded here
+    (``read_tags``: request ids naming a trace request replay it, see ``trace_routing.TRACE_TAG``)."""
     global _ACTIVE
     from vllm.model_executor.layers.fused_moe.router.fused_moe_router import FusedMoERouter
 
@@ -136,7 +144,7 @@ def install(trace: RoutingTrace, layers: Sequence[int] | None = None) -> TraceRo
     _patch_select_experts(FusedMoERouter)
     for cls in _runner_classes():
         _patch_load_model(cls)
-    _ACTIVE = TraceRouting(trace, layers)
+    _ACTIVE = TraceRouting(trace, layers, read_tags, announce)
     return _ACTIVE
 
 

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-proxy-scaling": ("reap_swap.benchmarks.proxy_scaling:main", "the proxy's policy decision time at 1/64/256 in-flight wishes and the per-request miss read, before/after (table + JSON)"),
     "bench-ledger-soak": ("reap_swap.benchmarks.ledger_soak:main", "N proxied requests, each reset by the proxy, on the tiny model: the miss ledger must keep none of them"),
     "bench-gpu": ("reap_swap.benchmarks.gpu_bench:main", "stock vLLM vs reap-swap on the GPU, one process per arm (table + JSON)"),
+    "bench-serve": ("reap_swap.benchmarks.serve_bench:main", "served load over HTTP: stock vllm serve vs reap-swap serve at concurrency 1/8/32, one server per arm (table + JSON)"),
     "record-traces": ("reap_swap.planning.trace_record:main", "record a model's routing token by token into a routing trace (.npz)"),
     "simulate": ("reap_swap.planning.simulate:main", "replay a routing trace through expert cache policies (static, prior, LRU, LFRU, counters, Belady)"),
     "locality": ("reap_swap.planning.locality:main", "per-layer routing locality of traces: experts for 50/80/90 % mass, token-to-token reuse, vs published Qwen3"),

@@ -319,7 +319,12 @@ def control_token(args: argparse.Namespace) -> str | None:
 
 
 def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
-    argv = ["--model", str(args.model), "--host", args.host, "--worker-extension-cls", WORKER_EXTENSION, "--middleware", MIDDLEWARE]
+    """vLLM's command line: ours, then the passthrough. A ``--worker-extension-cls`` in the passthrough
+    replaces ours (it must subclass ``WORKER_EXTENSION``: the control plane calls its RPCs; the
+    benchmarks' trace replay is one) instead of being given twice."""
+    own_ext = not any(a == "--worker-extension-cls" or a.startswith("--worker-extension-cls=") for a in passthrough)
+    argv = ["--model", str(args.model), "--host", args.host, *(["--worker-extension-cls", WORKER_EXTENSION] if own_ext else []),
+            "--middleware", MIDDLEWARE]
     return argv + passthrough
 
 

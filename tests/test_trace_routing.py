@@ -85,6 +85,24 @@ def test_assignment_round_robin_and_engine_ids() -> None:
         rp.assign("x", "nope")
 
 
+
+def test_tagged_request_ids_name_their_trace_request() -> None:
+    """A served client names each request's trace request in its id (vLLM's and the proxy's decorations kept)."""
+    from reap_swap.benchmarks.trace_routing import tag_of, tagged_request_id
+
+    tr = synth_trace([2, 0, 2, 2])  # request 1 is empty
+    rp = replay(tr, read_tags=True)
+    rid = tagged_request_id(3, "reap_static.c8.5")
+    assert tag_of(rid) == 3 and tag_of("cmpl-" + rid + "-0-1a2b3c4d") == 3 and tag_of(rid + ".9f8e") == 3
+    assert tag_of("retrace3") is None and tag_of("trace") is None and tag_of("trace12x") is None
+    assert rp.trace_request_of("cmpl-" + rid + "-0-1a2b3c4d") == 3
+    assert rp.trace_request_of("cmpl-" + tagged_request_id(2, "a") + "-0") == 2
+    before = rp._next_auto
+    assert rp.trace_request_of("cmpl-trace1.a-0") == 0  # names an empty request: round-robin instead
+    assert rp.trace_request_of("cmpl-trace9.a-0") == 2  # out of range: round-robin too
+    assert rp._next_auto == before + 2
+    assert replay(tr).trace_request_of("cmpl-" + rid) == 0  # without read_tags ids are not read
+
 def test_stage_and_route_gather_with_padding() -> None:
     tr = synth_trace([6, 4], seed=3)
     rp = replay(tr, max_tokens=8)
