@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record-traces": ("reap_swap.planning.trace_record:main", "record a model's routing token by token into a routing trace (.npz)"),
     "simulate": ("reap_swap.planning.simulate:main", "replay a routing trace through expert cache policies (static, prior, LRU, LFRU, counters, Belady)"),
     "locality": ("reap_swap.planning.locality:main", "per-layer routing locality of traces: experts for 50/80/90 % mass, token-to-token reuse, vs published Qwen3"),
+    "pregate-accuracy": ("reap_swap.benchmarks.pregate_accuracy:main", "how well layer L+d's router on layer L's hidden state predicts L+d's top-k experts (pre-gating), beside temporal reuse and static baselines"),
     "learned-sets": ("reap_swap.benchmarks.learned.sets_cli:main", "expert sets of the GPU benchmark's learned-routing arms (static top-k, plan, classifier, oracle), scored on traces"),
 }
 
