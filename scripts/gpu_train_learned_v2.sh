@@ -116,6 +116,14 @@ if [ "${SMOKE:-0}" = 1 ]; then OBSN="--max-samples 8 --max-tokens 64 --batch-siz
   || echo "observe exited $?" >> $L/observe.log
 du -sh $V/obs_v2 >> $L/observe.log 2>&1
 [ -d $V/obs_v2 ] && tar -C $V -cf - obs_v2 | xz -T8 -6 | split -b 15M - $OUT/obs_v2.tar.xz.
+# 6b. issue 25's pre-gating accuracy (layer L+d's router on layer L's hidden state vs L+d's actual top-k, beside
+#     previous-token and static baselines), held-out text teacher-forced, if time is left beside step 7's: one JSON in the card tar
+if [ "${SMOKE:-0}" = 1 ]; then PGN="--per-file 3 1 --max-tokens 64"; else PGN="--per-file 28 12 --max-tokens 256"; fi
+if [ -f $BIG/config.json ] && { [ "${SMOKE:-0}" = 1 ] || [ $(left 545) -gt 170 ]; }; then
+  (cd /tmp && timeout $(cap 60 540) python3 -c "$RS" pregate-accuracy --model $BIG --device $DEV --dense-moe $PGN \
+    --out $L/pregate_accuracy_v2.json) > $L/pregate.log 2>&1 || echo "pregate accuracy exited $?" >> $L/pregate.log
+else echo "pregate accuracy skipped ($(left 545) s left)" >> $L/finish.log
+fi
 # 7. issue 25's composed-mode timing (no vLLM) replayed on the new sampled trace, if time is left: one JSON in the card tar
 if [ "${SMOKE:-0}" != 1 ] && [ -f $OUT/learned128_v2_t0.8.npz ] && [ $(left 545) -gt 100 ]; then
   (cd /tmp && REAP_CPU_EXPERT_CPUS=${REAP_CPU_EXPERT_CPUS:-2-$(( $(nproc) - 1 ))} timeout $(cap 90 540) python3 $R/scripts/gpu_composed_check.py \
