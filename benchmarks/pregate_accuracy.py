@@ -143,8 +143,13 @@ def random_routers(layout: MoELayout, hidden: int, seed: int, device: torch.devi
 
 
 @torch.no_grad()
-def measure(model: torch.nn.Module, layout: MoELayout, token_lists: list[list[int]], lookaheads: list[int], seed: int = 0) -> dict[str, Any]:
-    """Score every predictor at every (L, L+d) pair over the teacher-forced requests (rows 1.. of each)."""
+def measure(model: torch.nn.Module, layout: MoELayout, token_lists: list[list[int]], lookaheads: list[int], seed: int = 0,
+            budget_s: float = 0.0) -> dict[str, Any]:
+    """Score every predictor at every (L, L+d) pair over the teacher-forced requests (rows 1.. of each).
+
+    With ``budget_s`` > 0 no request starts after that many seconds (a capped GPU step still writes its
+    JSON); ``requests_measured`` says how many ran.
+    """
     k, e = layout.top_k, layout.num_experts
     if 2 * k > e:
         raise PregateError(f"top-2k ({2 * k}) needs at least that many experts, the model has {e}")
@@ -155,7 +160,11 @@ def measure(model: torch.nn.Module, layout: MoELayout, token_lists: list[list[in
     rand = random_routers(layout, int(model.config.hidden_size), seed, device, next(model.parameters()).dtype)
     norms = {t: decoder_layer(model, layout, t).post_attention_layernorm for t in layout.moe_layers}
     per_request: list[dict[int, tuple[np.ndarray, np.ndarray]]] = []  # actual routing, rows 1.., for the static baseline
+    start, measured = time.perf_counter(), 0
     for ids in token_lists:
+        if budget_s > 0 and time.perf_counter() - start > budget_s:
+            break
+        measured += 1
         if len(ids) < 2:
             continue
         with captured(model, layout) as store:
@@ -185,7 +194,7 @@ def measure(model: torch.nn.Module, layout: MoELayout, token_lists: list[list[in
             for L, t in ps:
                 own = expert_counts(r[t][0], e)
                 tallies[d][(L, t)]["static_frequency"].add(static_ranked(totals[t], own, r[t][0].shape[0], 2 * k), *r[t])
-    return report(tallies, self_tally, layout)
+    return report(tallies, self_tally, layout) | {"requests_measured": measured, "stopped_by_budget": measured < len(token_lists)}
 
 
 def report(tallies: dict[int, dict[tuple[int, int], dict[str, RecallTally]]], self_tally: dict[int, RecallTally], layout: MoELayout) -> dict[str, Any]:
@@ -215,7 +224,8 @@ def request_tokens(tok: Any, samples: list[Any], text: str, max_tokens: int) -> 
 
 
 def run(model_dir: Path, corpus: list[Path], per_file: list[int] | None, max_requests: int | None, lookaheads: list[int],
-        text: str = "conversation", max_tokens: int = 256, device: str = "cpu", dtype: str = "auto", dense_moe: bool = False, seed: int = 0) -> dict[str, Any]:
+        text: str = "conversation", max_tokens: int = 256, device: str = "cpu", dtype: str = "auto", dense_moe: bool = False, seed: int = 0,
+        budget_s: float = 0.0) -> dict[str, Any]:
     """Load the model, pick the requests, measure; the whole result JSON."""
     if not model_dir.is_dir():
         raise PregateError(f"model directory not found: {model_dir}")
@@ -240,12 +250,12 @@ def run(model_dir: Path, corpus: list[Path], per_file: list[int] | None, max_req
         raise PregateError(f"no requests in {[str(p) for p in corpus]}")
     tokens = request_tokens(tok, samples, text, max_tokens)
     t1 = time.perf_counter()
-    body = measure(model, layout, tokens, sorted(set(lookaheads)), seed)
+    body = measure(model, layout, tokens, sorted(set(lookaheads)), seed, budget_s)
     return {
         "what": "pre-gating accuracy: layer L+d's router on hidden states available at layer L, vs L+d's actual top-k",
         "model": {"path": str(model_dir), "model_type": layout.model_type, "moe_layers": list(layout.moe_layers),
                   "num_experts": layout.num_experts, "top_k": layout.top_k},
-        "run": {"device": device, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "dense_moe": dense_moe, "seed": seed,
+        "run": {"device": device, "dtype": str(next(model.parameters()).dtype).replace("torch.", ""), "dense_moe": dense_moe, "seed": seed, "budget_s": budget_s,
                 "load_s": round(t1 - t0, 2), "measure_s": round(time.perf_counter() - t1, 2),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "workload": {"corpus": [str(p) for p in corpus], "per_file": per_file, "max_requests": max_requests, "text": text, "max_tokens": max_tokens,
@@ -269,7 +279,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append(f"{'0':>9}  {'self_check':<17} {s['recall_k']:8.3f} {s['recall_2k']:9.3f} {s['mass_k']:7.3f} {s['mass_2k']:8.3f}")
     c = result["chance"]
     lines.append(f"chance: recall@k {c['recall_k']:.3f}, recall@2k {c['recall_2k']:.3f}; {result['rows_scored']} rows per layer, "
-                 f"{len(result['workload']['requests'])} requests")
+                 f"{result['requests_measured']} of {len(result['workload']['requests'])} requests"
+                 + (" (stopped by --budget-s)" if result["stopped_by_budget"] else ""))
     return "\n".join(lines)
 
 
@@ -292,6 +303,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dtype", choices=("auto", *DTYPES), default="auto", help="auto: the checkpoint's (float16 becomes float32 on CPU)")
     p.add_argument("--dense-moe", action="store_true", help="run every expert as two GEMMs (same outputs; fast on a GPU, Qwen3-MoE only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random-router control")
+    p.add_argument("--budget-s", type=float, default=0.0, help="start no request after this many seconds of measuring (0: no limit); the JSON says how many ran")
     p.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/pregate_accuracy_<model dir name>.json)")
     args = p.parse_args(argv)
     if args.max_tokens < 2:
@@ -299,7 +311,7 @@ def main(argv: list[str]) -> int:
     per_file = None if args.per_file == [0] else args.per_file
     corpus = args.corpus or [example_dir() / "realistic" / "test.jsonl", example_dir() / "corpus" / "test.jsonl"]
     try:
-        result = run(args.model, corpus, per_file, args.max_requests, args.lookahead, args.text, args.max_tokens, args.device, args.dtype, args.dense_moe, args.seed)
+        result = run(args.model, corpus, per_file, args.max_requests, args.lookahead, args.text, args.max_tokens, args.device, args.dtype, args.dense_moe, args.seed, args.budget_s)
     except (CorpusError, FileNotFoundError, ValueError) as exc:  # PregateError, UnsupportedModelError, bad --per-file counts
         print(f"reap-swap pregate-accuracy: error: {exc}", file=sys.stderr)
         return 2

@@ -117,8 +117,9 @@ if [ "${SMOKE:-0}" = 1 ]; then OBSN="--max-samples 8 --max-tokens 64 --batch-siz
 du -sh $V/obs_v2 >> $L/observe.log 2>&1
 [ -d $V/obs_v2 ] && tar -C $V -cf - obs_v2 | xz -T8 -6 | split -b 15M - $OUT/obs_v2.tar.xz.
 # 6b. issue 25's pre-gating accuracy (layer L+d's router on layer L's hidden state vs L+d's actual top-k, beside
-#     previous-token and static baselines), held-out text teacher-forced, if time is left beside step 7's: one JSON in the card tar
-if [ "${SMOKE:-0}" = 1 ]; then PGN="--per-file 3 1 --max-tokens 64"; else PGN="--per-file 28 12 --max-tokens 256"; fi
+#     previous-token and static baselines), held-out text teacher-forced, if time is left beside step 7's: one JSON in the card tar;
+#     no request starts after 30 s of measuring, so the JSON is written within the 60 s cap
+if [ "${SMOKE:-0}" = 1 ]; then PGN="--per-file 3 1 --max-tokens 64"; else PGN="--per-file 28 12 --max-tokens 256 --budget-s 30"; fi
 if [ -f $BIG/config.json ] && { [ "${SMOKE:-0}" = 1 ] || [ $(left 545) -gt 170 ]; }; then
   (cd /tmp && timeout $(cap 60 540) python3 -c "$RS" pregate-accuracy --model $BIG --device $DEV --dense-moe $PGN \
     --out $L/pregate_accuracy_v2.json) > $L/pregate.log 2>&1 || echo "pregate accuracy exited $?" >> $L/pregate.log
