@@ -346,9 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # the arm's failure is reported beside the others
                     result["arms"][name] = {"config": arm.config(), "error": f"{type(exc).__name__}: {exc}"[:2000], "log": str(workdir / "logs" / f"{name}.log")}
             _write(result, args.out)
-        for name, arm_result in old.items():  # finished arms of an earlier call that this one did not name stay in
-            if name not in result["arms"] and "by_concurrency" in arm_result and not arm_result.get("error"):
+        for name, arm_result in old.items():  # finished arms of an earlier call that this one did not name stay in,
+            if name in result["arms"] or name not in ARMS:  # if measured with these settings (the ratios join them)
+                continue
+            if _same_settings(arm_result, arm_server(name, settings), workload):
                 result["arms"][name] = {**arm_result, "resumed": True}
+            elif "by_concurrency" in arm_result:
+                print(f"bench-serve: arm {name} of {args.out} dropped: measured with other settings", flush=True)
         _write(result, args.out)
     finally:
         signal.signal(signal.SIGTERM, previous)

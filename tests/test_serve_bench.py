@@ -204,6 +204,14 @@ def test_deadline_starts_nothing_that_cannot_finish_and_resume_keeps_finished_ar
     out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
     cli_main([*args[:-4], "--concurrency", "1", *args[-4:], "--resume"])
     assert "error" in json.loads(out.read_text())["arms"]["stock_gpu"]
+    # an arm this call does not name stays in only if it was measured with this call's settings (the ratios join it)
+    only_reap = [*args[:6], "reap_static", *args[7:], "--resume"]
+    out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
+    cli_main(only_reap)
+    assert json.loads(out.read_text())["arms"]["stock_gpu"]["resumed"]
+    out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
+    cli_main([*only_reap[:8], "1", *only_reap[9:]])  # --concurrency 1: stock_gpu's loads were another workload
+    assert set(json.loads(out.read_text())["arms"]) == {"reap_static"}
 
 
 def test_dry_run_prints_the_h200_servers_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
