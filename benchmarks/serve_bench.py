@@ -13,7 +13,7 @@ start from the sets file's static top-k; without it the model routes itself (wit
 calibration load (the warm-up, other prompts) used most.
 
 ``--resume`` keeps the arms of an existing ``--out`` that finished with the same settings; an arm
-starts only if the slowest one so far would fit before ``--deadline-s``; the JSON is rewritten
+starts only if the slowest finished arm of its kind (stock or reap; else of any) would fit before ``--deadline-s``; the JSON is rewritten
 after every arm. H200 command lines: ``scripts/gpu_bench_serve.sh``.
 """
 
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per server on CUDA, GiB")
     p.add_argument("--start-timeout-s", type=float, default=900.0, help="longest a server may take to become healthy")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="longest one request may take")
-    p.add_argument("--deadline-s", type=float, help="wall-clock budget: an arm starts only if the slowest one so far fits (default: none)")
+    p.add_argument("--deadline-s", type=float, help="wall-clock budget: an arm starts only if the slowest finished arm of its kind fits (default: none)")
     p.add_argument("--tag", default="run", help="names the result: benchmarks/results/bench_serve_<tag>.json unless --out")
     p.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/bench_serve_<tag>.json; the table beside it, .md)")
     p.add_argument("--workdir", type=Path, help="model dir and server logs (default: a temp dir)")
