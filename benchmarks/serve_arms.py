@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cpu_misses import RESERVED_FOR_VLLM  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
+
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_static_cpu", "reap_fast")
 CUDA_ONLY = ("reap_static_cpu", "reap_fast")
 STOCK = ("stock_gpu", "stock_offload")
@@ -34,8 +36,6 @@ ATTACHED_MARKER = "reap-swap bench-serve: trace routing attached "
 STOCK_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving.StockTraceExtension"
 REAP_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving_reap.ReapTraceExtension"
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-RESERVED_FOR_VLLM = 2
-"""Cores left to vLLM's own threads when the CPU expert path takes the rest (as bench-gpu's arms)."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ start from the sets file's static top-k; without it the model routes itself (wit
 calibration load (the warm-up, other prompts) used most.
 
 ``--resume`` keeps the arms of an existing ``--out`` that finished with the same settings; an arm
-starts only if the slowest one so far would fit before ``--deadline-s``; the JSON is rewritten
+starts only if the slowest finished arm of its kind (stock or reap; else of any) would fit before ``--deadline-s``; the JSON is rewritten
 after every arm. H200 command lines: ``scripts/gpu_bench_serve.sh``.
 """
 
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per server on CUDA, GiB")
     p.add_argument("--start-timeout-s", type=float, default=900.0, help="longest a server may take to become healthy")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="longest one request may take")
-    p.add_argument("--deadline-s", type=float, help="wall-clock budget: an arm starts only if the slowest one so far fits (default: none)")
+    p.add_argument("--deadline-s", type=float, help="wall-clock budget: an arm starts only if the slowest finished arm of its kind fits (default: none)")
     p.add_argument("--tag", default="run", help="names the result: benchmarks/results/bench_serve_<tag>.json unless --out")
     p.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/bench_serve_<tag>.json; the table beside it, .md)")
     p.add_argument("--workdir", type=Path, help="model dir and server logs (default: a temp dir)")
@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--concurrency {args.concurrency!r} is not a comma-separated list of integers")
     if not args.concurrency or any(c <= 0 for c in args.concurrency):
         p.error(f"--concurrency must list positive integers, got {args.concurrency}")
+    if len(set(args.concurrency)) != len(args.concurrency):
+        p.error(f"--concurrency names a concurrency twice: {','.join(map(str, args.concurrency))}")
     for name in ("repeats", "requests_per_stream", "min_requests"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -94,6 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--max-tokens must be >= 2 and --prompt-tokens >= 1")
     if not 0 < args.slots_fraction <= 1:
         p.error(f"--slots-fraction must be in (0, 1], got {args.slots_fraction}")
+    for name in ("kv_cache_gib", "start_timeout_s", "request_timeout_s", "deadline_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
     if args.model is not None and not (args.model / "config.json").is_file():
         p.error(f"--model {args.model}: no such model directory (config.json missing)")
     for flag in ("trace", "sets"):
@@ -104,7 +110,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--sets needs --trace (its sets are scored on the trace's routing)")
     if args.trace and not args.sets and any(a not in STOCK for a in args.arms):
         p.error("--trace with reap arms needs --sets (their start set; a set taken from the replayed trace itself would be an oracle)")
-    args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
+    if args.trace_layers is not None:
+        if not args.trace:
+            p.error("--trace-layers needs --trace (it maps the trace's layers onto the model's)")
+        try:
+            args.trace_layers = [int(x) for x in args.trace_layers.split(",")]
+        except ValueError:
+            p.error(f"--trace-layers {args.trace_layers!r} is not a comma-separated list of integers")
     args.out = args.out or Path("benchmarks/results") / f"bench_serve_{args.tag}.json"
     return args
 
@@ -130,13 +142,14 @@ def machine() -> dict[str, Any]:
 
 def settings_for(args: argparse.Namespace, model_dir: Path) -> tuple[ServeSettings, dict[str, Any]]:
     """Every arm's server settings and the run's routing context (trace pool, sets, offline expectations)."""
-    from reap_swap.models.families import layout_for
+    from reap_swap.models.families import _text_config, layout_for, read_config
 
     from . import serve_workload as wl
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     layout = layout_for(model_dir, dtype=dtype)
-    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    text = _text_config(read_config(model_dir))  # a multimodal wrapper keeps the LM's config under text_config
+    vocab = int(text["vocab_size"])  # layout_for checked it is there
     ctx: dict[str, Any] = {"vocab": vocab, "pool": None, "trace": None, "trace_layers": None, "num_experts": layout.num_experts,
                            "routing": "the model's own router" + (" (vLLM dummy weights)" if args.load_format == "dummy" else "")}
     slots, start = max(1, round(args.slots_fraction * layout.num_experts)), None
@@ -150,15 +163,24 @@ def settings_for(args: argparse.Namespace, model_dir: Path) -> tuple[ServeSettin
         if len(layers) != layout.num_moe_layers or (trace.num_experts, trace.top_k) != (layout.num_experts, layout.top_k):
             raise ValueError(f"the trace feeds {len(layers)} layers top-{trace.top_k} of {trace.num_experts}; the model has "
                              f"{layout.num_moe_layers} MoE layers top-{layout.top_k} of {layout.num_experts}")
+        if any(not 0 <= t < trace.num_layers for t in layers):
+            raise ValueError(f"--trace-layers {','.join(map(str, layers))}: {args.trace.name} has layers 0..{trace.num_layers - 1}")
         pool = wl.trace_pool(trace, args.max_tokens)
         if not pool:
             raise ValueError(f"no request of {args.trace} has a prompt and >= {args.max_tokens} decode rows: lower --max-tokens")
         if args.sets:
             sets = load_sets(args.sets, args.trace.name.removesuffix(".npz"))
+            if sets.num_experts != layout.num_experts or not 0 < sets.slots <= layout.num_experts:
+                raise ValueError(f"--sets {args.sets}: {sets.slots} slots of {sets.num_experts} experts; the model has "
+                                 f"{layout.num_experts} experts per layer")
             slots, start = sets.slots, model_target(sets.static, trace, layers)
         ctx.update(pool=pool, trace=trace, trace_layers=layers, start=start,
                    routing=f"trace replay of {args.trace.name} in every server ({len(pool)} trace requests, tagged ids)")
     max_len = wl.longest_request(args.prompt_tokens, args.max_tokens, ctx["pool"]) + 16
+    positions = text.get("max_position_embeddings")
+    if positions is not None and max_len > int(positions):
+        raise ValueError(f"the longest request needs a model length of {max_len} tokens (prompt + --max-tokens + 16); "
+                         f"the model's max_position_embeddings is {positions}: lower --prompt-tokens or --max-tokens")
     offload = layout.num_moe_layers * (layout.num_experts - slots) * layout.bytes_per_expert / 2**30
     s = ServeSettings(model=str(model_dir), device=args.device, dtype=dtype, max_model_len=max_len, max_num_seqs=max(args.concurrency),
                       kv_cache_gib=args.kv_cache_gib, offload_gib=offload, slots=slots, start=start,
@@ -324,9 +346,13 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # the arm's failure is reported beside the others
                     result["arms"][name] = {"config": arm.config(), "error": f"{type(exc).__name__}: {exc}"[:2000], "log": str(workdir / "logs" / f"{name}.log")}
             _write(result, args.out)
-        for name, arm_result in old.items():  # finished arms of an earlier call that this one did not name stay in
-            if name not in result["arms"] and "by_concurrency" in arm_result and not arm_result.get("error"):
+        for name, arm_result in old.items():  # finished arms of an earlier call that this one did not name stay in,
+            if name in result["arms"] or name not in ARMS:  # if measured with these settings (the ratios join them)
+                continue
+            if _same_settings(arm_result, arm_server(name, settings), workload):
                 result["arms"][name] = {**arm_result, "resumed": True}
+            elif "by_concurrency" in arm_result:
+                print(f"bench-serve: arm {name} of {args.out} dropped: measured with other settings", flush=True)
         _write(result, args.out)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -75,8 +75,11 @@ def test_serve_flags_become_env(tiny_model_dir: Path, monkeypatch: pytest.Monkey
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "65")
     with pytest.raises(ValueError, match=r"--cpu-experts-max-step-tokens \(REAP_CPU_EXPERTS_MAX_STEP_TOKENS\)=4 is below"):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "4")
-    with pytest.raises(ValueError, match=r"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)=200 exceeds the 32"):
-        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-pair-budget", "200")  # top-4 x 8 tokens (budgeted steps off)
+    for budget in ("200", "20"):  # budgeted steps off: a budget would do nothing
+        with pytest.raises(ValueError, match=rf"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)={budget} applies only to "
+                                             r"steps past REAP_CPU_EXPERTS_MAX_TOKENS=8 tokens, and none take part: set "
+                                             r"REAP_CPU_EXPERTS_MAX_STEP_TOKENS above 8"):
+            _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-pair-budget", budget)
     with pytest.raises(ValueError, match=r"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)=200 exceeds the 128"):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "32", "--cpu-experts-pair-budget", "200")
     with pytest.raises(ValueError, match="need --cpu-experts"):

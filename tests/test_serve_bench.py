@@ -41,6 +41,12 @@ def refused(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (["--trace", str(TRACE)], "--trace with reap arms needs --sets"),
     (["--sets", str(TRACE)], "--sets needs --trace"),
     (["--trace", "/nonexistent/trace.npz", "--arms", "stock_gpu"], "--trace /nonexistent/trace.npz: no such file"),
+    (["--concurrency", "1,8,1"], "--concurrency names a concurrency twice: 1,8,1"),
+    (["--kv-cache-gib", "0"], "--kv-cache-gib must be > 0, got 0.0"),
+    (["--deadline-s", "-5"], "--deadline-s must be > 0, got -5.0"),
+    (["--request-timeout-s", "0"], "--request-timeout-s must be > 0"),
+    (["--trace-layers", "0,1,2,3", "--arms", "stock_gpu"], "--trace-layers needs --trace"),
+    (["--trace", str(TRACE), "--trace-layers", "0,a", "--arms", "stock_gpu"], "--trace-layers '0,a' is not a comma-separated list of integers"),
 ])
 def test_bad_input_is_refused_naming_the_problem(args: list[str], message: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,6 +66,24 @@ def test_a_trace_of_another_shape_is_refused_before_any_server(tmp_path: Path, c
                      "--trace", str(small), "--out", str(out), "--workdir", str(tmp_path / "w")])
     assert code == 2 and not out.exists()
     assert "top-4 of 16" in capsys.readouterr().err
+
+
+def test_settings_the_model_cannot_take_are_refused_before_any_server(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Trace layers the trace lacks, sets of another expert count, requests longer than the model's positions."""
+    sets = json.loads((REPO / "benchmarks" / "results" / "learned_sets.json").read_text())
+    other = tmp_path / "sets_256.json"
+    other.write_text(json.dumps({**sets, "num_experts": 256}))
+    base = ["bench-serve", "--model", str(learned128_cpu_dir()), "--device", "cpu", "--workdir", str(tmp_path / "w")]
+    for args, message in (
+        (["--arms", "stock_gpu", "--trace", str(TRACE), "--trace-layers", "0,8,15,24"], "learned128_t0.8.npz has layers 0..23"),
+        (["--arms", "reap_static", "--trace", str(TRACE), "--sets", str(other)], "38 slots of 256 experts; the model has 128"),
+        (["--arms", "stock_gpu", "--prompt-tokens", "2000"], "a model length of 2080 tokens (prompt + --max-tokens + 16); the model's max_position_embeddings is 2048"),
+    ):
+        out = tmp_path / "out.json"
+        assert cli_main([*base, *args, "--out", str(out)]) == 2 and not out.exists()
+        err = capsys.readouterr().err
+        assert "reap-swap bench-serve: error:" in err and message in err, (args, err)
+    assert not (tmp_path / "w" / "logs").exists()
 
 
 def settings(**kw: object) -> ServeSettings:
@@ -180,6 +204,14 @@ def test_deadline_starts_nothing_that_cannot_finish_and_resume_keeps_finished_ar
     out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
     cli_main([*args[:-4], "--concurrency", "1", *args[-4:], "--resume"])
     assert "error" in json.loads(out.read_text())["arms"]["stock_gpu"]
+    # an arm this call does not name stays in only if it was measured with this call's settings (the ratios join it)
+    only_reap = [*args[:6], "reap_static", *args[7:], "--resume"]
+    out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
+    cli_main(only_reap)
+    assert json.loads(out.read_text())["arms"]["stock_gpu"]["resumed"]
+    out.write_text(json.dumps({**first, "arms": {"stock_gpu": done}}))
+    cli_main([*only_reap[:8], "1", *only_reap[9:]])  # --concurrency 1: stock_gpu's loads were another workload
+    assert set(json.loads(out.read_text())["arms"]) == {"reap_static"}
 
 
 def test_dry_run_prints_the_h200_servers_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -153,6 +153,10 @@ def check_step_pairs(settings: CpuPathSettings, top_k: int) -> None:
             f"{ENV_MAX_STEP_TOKENS}={step} with top-{top_k} routing gives {step * top_k} (token, expert) pairs per step; "
             f"the CPU path's split takes at most {MAX_STEP_PAIRS} (its tables are [pairs, pairs]): use at most "
             f"{MAX_STEP_PAIRS // top_k} tokens")
+    if settings.pair_budget is not None and step == max_tokens:
+        raise CpuPathConfigError(
+            f"{ENV_PAIR_BUDGET}={budget} applies only to steps past {ENV_MAX_TOKENS}={max_tokens} tokens, and none take part: "
+            f"set {ENV_MAX_STEP_TOKENS} above {max_tokens} (at most {MAX_STEP_PAIRS // top_k}) or leave {ENV_PAIR_BUDGET} unset")
     if budget > step * top_k:
         raise CpuPathConfigError(
             f"{ENV_PAIR_BUDGET}={budget} exceeds the {step * top_k} (token, expert) pairs of the largest step the CPU "
