@@ -40,3 +40,4 @@ cp $RESULT ${RESULT%.json}.md $OUT/ 2>/dev/null
 mkdir -p $OUT/logs && cp $W/work/logs/*.log $OUT/logs/ 2>/dev/null
 for f in $OUT/logs/*.log; do [ -f "$f" ] && tail -c 200000 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
 tail -c 4000 $W/bench.log
+exit $rc
