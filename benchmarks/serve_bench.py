@@ -250,7 +250,9 @@ def run_arm(arm: ArmServer, s: ServeSettings, ctx: dict[str, Any], args: argpars
                 raise RuntimeError(f"the server's trace replay never attached (log: {server.log_path})")
         if arm.calibrate:
             _misses(server.url)  # the calibration reads the warm-up's routing only
-        warm = [send(wl.build_load(c, f"{arm.name}.warm{c}", ctx["vocab"], 1, args.prompt_tokens, ctx["pool"]), c) for c in args.concurrency]
+        pool = ctx["pool"] or []
+        warm = [send(wl.build_load(c, f"{arm.name}.warm{c}", ctx["vocab"], 1, args.prompt_tokens, ctx["pool"], start=len(pool) - c), c)
+                for c in args.concurrency]  # from the pool's end: the timed loads start at its first request
         out["warmup"] = {"loads": [{k: w[k] for k in ("concurrency", "requests", "errors", "completion_tokens", "wall_s")} for w in warm],
                          "error_messages": [m for w in warm for m in w["error_messages"]][:5]}
         if arm.calibrate:

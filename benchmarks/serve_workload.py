@@ -51,10 +51,13 @@ def _ids(vocab: int, length: int, *seed: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(list(seed)).integers(3, vocab, length)]
 
 
-def build_load(n: int, label: str, vocab: int, seed: int, prompt_tokens: int, pool: Sequence[TraceRequest] | None = None) -> Load:
-    """``n`` requests labelled ``label`` (in their ids); prompts depend on ``seed`` and the request, never on the arm."""
+def build_load(n: int, label: str, vocab: int, seed: int, prompt_tokens: int, pool: Sequence[TraceRequest] | None = None,
+               start: int = 0) -> Load:
+    """``n`` requests labelled ``label`` (in their ids); prompts depend on ``seed`` and the request, never on the arm.
+    With a pool, request k replays ``pool[(start + k) % len(pool)]``: a warm-up taken from the pool's end does not
+    replay the timed loads' first requests to the online cache before they are timed."""
     if pool:
-        reqs = [pool[k % len(pool)] for k in range(n)]
+        reqs = [pool[(start + k) % len(pool)] for k in range(n)]
         return Load([_ids(vocab, q.prompt_len, seed, q.index) for q in reqs],
                     [tagged_request_id(q.index, f"{label}.{k}") for k, q in enumerate(reqs)], reqs)
     return Load([_ids(vocab, prompt_tokens, seed, k) for k in range(n)], [f"bench.{label}.{k}" for k in range(n)])

@@ -145,6 +145,8 @@ def test_loads_name_their_trace_requests_and_repeat_alike() -> None:
     assert [len(p) for p in a.prompts[:3]] == [q.prompt_len for q in pool[:3]]
     assert a.prompts[0] == a.prompts[len(pool)]  # the same trace request: the same prompt
     assert wl.build_load(3, "other", 8192, 0, 256, pool).prompts == a.prompts[:3]  # whatever the arm
+    tail = wl.build_load(2, "warm", 8192, 0, 256, pool, start=len(pool) - 2)
+    assert [q.index for q in tail.trace_requests] == [q.index for q in pool[-2:]]  # the warm-up's requests: the pool's end
     plain = wl.build_load(3, "x", 100, 0, 17)
     assert [len(p) for p in plain.prompts] == [17] * 3 and plain.trace_requests is None and len(set(plain.request_ids)) == 3
     assert wl.requests_at(32, 3, 8) == 96 and wl.requests_at(1, 3, 8) == 8
