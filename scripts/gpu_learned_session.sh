@@ -9,6 +9,7 @@
 #                                                      # record stratified traces, observe, learned-sets
 #   DEADLINE=420 bash scripts/gpu_learned_session.sh bench $OUT   # as many arms as fit, in priority order
 #   bash scripts/gpu_learned_session.sh bench $OUT                # again: --resume skips finished arms
+#   V2=1 WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2 bash scripts/gpu_learned_session.sh bench $OUT  # v2's trace
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -41,6 +42,8 @@ retrain)
 bench)
   TRACE=$R/benchmarks/traces/learned128_t0.8.npz; SETS=$R/benchmarks/results/learned_sets.json
   [ -f $W/learned128_t0.8.npz ] && [ -f $W/learned_sets.json ] && TRACE=$W/learned128_t0.8.npz SETS=$W/learned_sets.json
+  # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
+  [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
   A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume"
   ARMS=${ARMS:-stock_gpu,stock_offload,reap_cache,reap_static,reap_classifier,reap_plan,reap_classifier_complement,reap_cache_complement}
   rs bench-gpu $A --arms $ARMS --deadline-s ${DEADLINE:-560} --out $W/part.json > $W/bench.log 2>&1
