@@ -180,6 +180,9 @@ class WorkerResidency:
             "slot_bank_gib": slot / 2**30,
             "slot_bank_memory": "device (CUDA VMM, counted by vLLM's memory profile)" if on_cuda else "host RAM",
             "host_bank_gib": host / 2**30,
+            # CUDA: every layer maps the same staging region (cuda_vmm.py); CPU: each layer has its own
+            "prefill_staging_gib": (max((b.staging_bytes for b in self.banks.values()), default=0) if on_cuda
+                                    else sum(b.staging_bytes for b in self.banks.values())) / 2**30,
             "host_bank_memory": "pinned host (CUDA VMM, mapped for the GPU)" if on_cuda else "host RAM",
             "routing_arena_mib": self.layers[0].reap_arena.nbytes / 2**20,
             "accounting_pinned_mib": self.accounting.pinned_bytes / 2**20,

@@ -199,3 +199,40 @@ def test_staged_step_computes_the_same_outputs(monkeypatch: pytest.MonkeyPatch, 
         assert torch.equal(bank[s + i], experts[x]) and int(side[s + i]) == 100 + x
     assert first.tolist() == plan.first_row.tolist()
     assert torch.equal(bank[h:], experts)  # host rows untouched
+
+
+def test_layouts_put_staging_rows_between_slots_and_host_rows() -> None:
+    from reap_swap.server_ext.bank.bank_layout import contiguous_layout, page_layout
+
+    plain = contiguous_layout(5, 8, [24], staging_rows=3)
+    assert (plain.staging_offset, plain.staging_rows, plain.host_row_offset, plain.num_rows) == (5, 3, 8, 16)
+    page = 2 << 20
+    mib = 1 << 20
+    for slots, staging in ((38, 8), (0, 5), (3, 1), (37, 96)):
+        lay = page_layout(slots, 128, [6 * mib, 3 * mib], page, staging_rows=staging)
+        base = page_layout(slots, 128, [6 * mib, 3 * mib], page)
+        assert lay.staging_rows == staging and lay.staging_offset >= slots
+        assert lay.host_row_offset - lay.staging_offset >= staging
+        for stride in lay.row_strides:  # both regions start on a page and the staging one is whole pages
+            assert lay.staging_offset * stride % page == 0 and lay.host_row_offset * stride % page == 0
+        assert base.staging_rows == 0 and base.staging_region_rows == 0
+
+
+def test_bank_with_staging_rows_keeps_its_table_and_swaps() -> None:
+    from reap_swap.server_ext.bank.bank import ExpertBank, PlainBacking
+
+    e, s, p = 6, 2, 3
+    gen = torch.Generator().manual_seed(3)
+    params = {"w13_weight": torch.nn.Parameter(torch.randn(e, 4, 2, generator=gen), requires_grad=False),
+              "w2_weight": torch.nn.Parameter(torch.randn(e, 2, 2, generator=gen), requires_grad=False)}
+    orig = {k: v.data.clone() for k, v in params.items()}
+    phys_map = torch.zeros(e, dtype=torch.int32)
+    bank = ExpertBank(0, params, phys_map, s, PlainBacking(torch.device("cpu")), staging_rows=p)
+    assert (bank.staging_offset, bank.staging_rows, bank.table.host_row_offset) == (s, p, s + p)
+    assert bank.physical_rows == s + p + e
+    bank.swap((1, 4))
+    assert phys_map.tolist() == [s + p + x if x not in (1, 4) else (0 if x == 1 else 1) for x in range(e)]
+    assert bank.verify() == []
+    for k, t in orig.items():
+        assert torch.equal(params[k].data[s + p:], t) and not params[k].data[s:s + p].any()
+    assert bank.staging_bytes == p * sum(bank.layout.row_strides)

@@ -38,9 +38,13 @@ class Backing(Protocol):
 
     name: str
 
-    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout: ...
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
+        """Backings that support prefill staging also take ``staging_rows: int`` (asked only when > 0)."""
+        ...
 
-    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """With staging rows, also ``staging_key: str`` (the parameter's name: what may share a staging region)."""
+        ...
 
     def synchronize(self) -> None: ...
 
@@ -62,12 +66,13 @@ class PlainBacking:
         self.device = device
         self.page = page
 
-    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool, staging_rows: int = 0) -> BankLayout:
         if self.page is None:
-            return contiguous_layout(num_slots, host_rows, row_bytes)
-        return page_layout(num_slots, host_rows, row_bytes, self.page, pad)
+            return contiguous_layout(num_slots, host_rows, row_bytes, staging_rows)
+        return page_layout(num_slots, host_rows, row_bytes, self.page, pad, staging_rows=staging_rows)
 
-    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype, staging_key: str = "") -> torch.Tensor:
+        """Staging rows are this bank's own here (a CPU bank's rows are all RAM anyway)."""
         return strided_rows(torch.empty(layout.num_rows * row_stride, dtype=torch.uint8, device=self.device), layout.num_rows,
                             row_stride, row_shape, dtype)
 
@@ -149,7 +154,10 @@ class ExpertBank:
         num_slots: int,
         backing: Backing,
         complement: ComplementSpec | None = None,
+        staging_rows: int = 0,
     ):
+        """``staging_rows``: device rows for prefill staging between the slots and the host rows
+        (``cache/prefill_staging.py``); the routing table never points at them."""
         if not params:
             raise ValueError(f"layer {layer_id}: no per-expert parameters found")
         shapes = {name: p.shape[0] for name, p in params.items()}
@@ -179,14 +187,23 @@ class ExpertBank:
             sources = [owners]
         host_owner = sources[0]
         # RAM-complement host rows are exchanged as contiguous byte spans: no row padding there
-        layout = self.layout = backing.layout(num_slots, len(host_owner), [self.row_bytes[n] for n in self.banked], pad=complement is None)
+        if staging_rows < 0:
+            raise ValueError(f"layer {layer_id}: staging rows must be >= 0, got {staging_rows}")
+        sizes = [self.row_bytes[n] for n in self.banked]
+        pad = complement is None
+        # asked only when used: backings without staging keep their old signature
+        layout = self.layout = (backing.layout(num_slots, len(host_owner), sizes, pad, staging_rows=staging_rows) if staging_rows
+                                else backing.layout(num_slots, len(host_owner), sizes, pad=pad))
         host_offset = layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
         phys: dict[str, torch.Tensor] = {}
         try:
             for n, stride in zip(self.banked, layout.row_strides):
-                phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype)
+                if layout.staging_rows:
+                    phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype, staging_key=n)
+                else:
+                    phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype)
         except BaseException:
             for t in phys.values():
                 backing.free(t)
@@ -225,6 +242,15 @@ class ExpertBank:
         return self.table.num_slots
 
     @property
+    def staging_offset(self) -> int:
+        """First staging row (prefill staging); equal to the host-row offset when there are none."""
+        return self.layout.staging_offset if self.layout.staging_rows else self.table.host_row_offset
+
+    @property
+    def staging_rows(self) -> int:
+        return self.layout.staging_rows
+
+    @property
     def expert_bytes(self) -> int:
         """One expert's bytes, side tensors included (what a swap copies)."""
         return sum(self.row_bytes.values())
@@ -236,9 +262,15 @@ class ExpertBank:
 
     @property
     def slot_bytes(self) -> int:
-        """Device memory on CUDA: the banked slot region (padding rows and row padding included) plus
-        every side tensor whole (its host rows too)."""
-        return self.table.host_row_offset * sum(self.layout.row_strides) + self.side_bytes
+        """Device memory on CUDA: the banked slot region (padding rows and row padding included, staging
+        rows not: ``staging_bytes``) plus every side tensor whole (its host rows too)."""
+        return (self.table.host_row_offset - self.layout.staging_region_rows) * sum(self.layout.row_strides) + self.side_bytes
+
+    @property
+    def staging_bytes(self) -> int:
+        """The banked staging region of this layer (padding included); on CUDA one region is mapped for
+        every layer (``cuda_vmm.py``), so a model's staging memory is this once, not per layer."""
+        return self.layout.staging_region_rows * sum(self.layout.row_strides)
 
     @property
     def side_bytes(self) -> int:

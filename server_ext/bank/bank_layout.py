@@ -25,11 +25,20 @@ MAX_PHYSICAL_ROWS = 992
 @dataclass(frozen=True)
 class BankLayout:
     """Slot rows ``[0, num_slots)``, padding rows up to ``host_row_offset``, then the host rows;
-    parameter ``i``'s rows are ``row_strides[i]`` bytes apart (>= its row's bytes)."""
+    parameter ``i``'s rows are ``row_strides[i]`` bytes apart (>= its row's bytes). With prefill
+    staging, the device rows ``[staging_offset, staging_offset + staging_rows)`` (page-aligned in
+    a paged layout, the region padded to whole pages up to ``host_row_offset``) are staging rows."""
 
     host_row_offset: int
     row_strides: tuple[int, ...]
     num_rows: int
+    staging_offset: int = 0
+    staging_rows: int = 0
+
+    @property
+    def staging_region_rows(self) -> int:
+        """Rows from the staging offset to the host rows (the staging rows and their page padding)."""
+        return self.host_row_offset - self.staging_offset if self.staging_rows else 0
 
     def host_region_bytes(self, row_stride: int, page: int) -> int:
         """A parameter's host region (rows ``row_stride`` bytes apart), rounded up to whole pages."""
@@ -49,9 +58,12 @@ def check_kernel_rows(layout: BankLayout) -> BankLayout:
     return layout
 
 
-def contiguous_layout(num_slots: int, host_rows: int, row_bytes: Sequence[int]) -> BankLayout:
-    """No pages: host rows right after the slots, rows back to back."""
-    return BankLayout(num_slots, tuple(row_bytes), num_slots + host_rows)
+def contiguous_layout(num_slots: int, host_rows: int, row_bytes: Sequence[int], staging_rows: int = 0) -> BankLayout:
+    """No pages: staging rows (if any) right after the slots, then the host rows, rows back to back."""
+    if staging_rows < 0:
+        raise ValueError(f"staging rows must be >= 0, got {staging_rows}")
+    offset = num_slots + staging_rows
+    return BankLayout(offset, tuple(row_bytes), offset + host_rows, num_slots if staging_rows else 0, staging_rows)
 
 
 def _stride_choices(row_bytes: int, page: int, pad: bool) -> list[int]:
@@ -71,19 +83,22 @@ def _stride_choices(row_bytes: int, page: int, pad: bool) -> list[int]:
 
 
 def page_layout(num_slots: int, host_rows: int, row_bytes: Sequence[int], page: int, pad: bool = True,
-                max_rows: int | None = MAX_PHYSICAL_ROWS) -> BankLayout:
+                max_rows: int | None = MAX_PHYSICAL_ROWS, staging_rows: int = 0) -> BankLayout:
     """The layout with the host region page-aligned in every parameter: fewest bytes among those
     with at most ``max_rows`` physical rows (fewest rows if none qualifies; the caller reports it).
-    ``pad=False`` keeps rows back to back (callers whose copies assume contiguous rows)."""
-    if num_slots < 0 or host_rows < 1 or page < 1 or not row_bytes:
+    ``pad=False`` keeps rows back to back (callers whose copies assume contiguous rows).
+    ``staging_rows``: a page-aligned region of whole pages between the slots and the host rows
+    (a backing may map one physical region there for every layer)."""
+    if num_slots < 0 or host_rows < 1 or page < 1 or not row_bytes or staging_rows < 0:
         raise ValueError(f"bad bank shape: {num_slots} slots, {host_rows} host rows, rows {list(row_bytes)}, page {page}")
     best: tuple[tuple[bool, int, int, int], BankLayout] | None = None
     for strides in itertools.product(*(_stride_choices(rb, page, pad) for rb in row_bytes)):
         step = 1
         for s in strides:
             step = math.lcm(step, page // math.gcd(s, page))
-        offset = -(-num_slots // step) * step
-        layout = BankLayout(offset, tuple(strides), offset + host_rows)
+        stage_at = -(-num_slots // step) * step
+        offset = stage_at + -(-staging_rows // step) * step
+        layout = BankLayout(offset, tuple(strides), offset + host_rows, stage_at if staging_rows else 0, staging_rows)
         too_many = max_rows is not None and layout.num_rows > max_rows
         padded = sum(s != rb for s, rb in zip(strides, row_bytes))
         key = (too_many, layout.num_rows if too_many else sum(layout.region_bytes(page)), padded, layout.num_rows)

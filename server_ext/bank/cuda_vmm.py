@@ -15,6 +15,10 @@ In RAM-complement mode (``exchange.py``) the host region has only ``E - S + K``
 rows; an eviction is a D2H row copy into a spare host row of the same range
 and a promotion an H2D copy out of one, so no remapping happens at swap time
 (its storage test passed on the H200; a served model has not run it on a GPU yet).
+
+Prefill staging rows (``cache/prefill_staging.py``) sit between the slot and host regions, whole
+pages; every layer maps the same device allocation there (one per parameter name and size), so
+the staging memory is paid once per model, not per layer (not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ except ImportError:  # pragma: no cover - depends on the CUDA install
 
 class VmmError(RuntimeError):
     pass
+
+
+# (device ordinal, parameter name, bytes) -> the device allocation mapped at every layer's staging rows
+_STAGING_HANDLES: dict[tuple[int, str, int], Any] = {}
 
 
 @dataclass
@@ -96,28 +104,42 @@ class VmmBacking:
         flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         return int(_check(cu.cuMemGetAllocationGranularity(prop, flag)))
 
-    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
-        """Host rows start on a page boundary in every parameter (``bank_layout.page_layout``)."""
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool, staging_rows: int = 0) -> BankLayout:
+        """Host rows (and staging rows) start on a page boundary in every parameter (``bank_layout.page_layout``)."""
         try:
-            return check_kernel_rows(page_layout(num_slots, host_rows, row_bytes, self.granularity, pad))
+            return check_kernel_rows(page_layout(num_slots, host_rows, row_bytes, self.granularity, pad, staging_rows=staging_rows))
         except ValueError as e:
             raise VmmError(str(e)) from None
 
-    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _staging_handle(self, key: str, size: int) -> Any:
+        """The device allocation every layer maps at its staging rows for parameter ``key``: layers run one
+        after another on one stream, and each staged step rewrites the rows before its kernel reads them."""
+        full = (self.ordinal, key, size)
+        handle = _STAGING_HANDLES.get(full)
+        if handle is None:
+            handle = _STAGING_HANDLES[full] = _check(cu.cuMemCreate(size, self._prop(device=True), 0))
+        return handle
+
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype, staging_key: str = "") -> torch.Tensor:
         host_offset, num_rows = layout.host_row_offset, layout.num_rows
         dev_bytes = host_offset * row_stride
+        stage_bytes = layout.staging_region_rows * row_stride
         host_bytes = layout.host_region_bytes(row_stride, self.granularity)
-        if dev_bytes % self.granularity:
-            raise VmmError("slot region is not page aligned")
+        if dev_bytes % self.granularity or stage_bytes % self.granularity:
+            raise VmmError("slot or staging region is not page aligned")
         total = dev_bytes + host_bytes
         taken = VmmAllocation(int(_check(cu.cuMemAddressReserve(total, self.granularity, 0, 0))), total)
         try:
             offset = 0
-            for size, on_device in ((dev_bytes, True), (host_bytes, False)):
+            for size, kind in ((dev_bytes - stage_bytes, "device"), (stage_bytes, "staging"), (host_bytes, "host")):
                 if size == 0:
                     continue
-                taken.handles.append(_check(cu.cuMemCreate(size, self._prop(device=on_device), 0)))
-                _check(cu.cuMemMap(taken.ptr + offset, size, 0, taken.handles[-1], 0))
+                if kind == "staging":  # shared, never released by this allocation (the process keeps it)
+                    handle = self._staging_handle(staging_key, size)
+                else:
+                    handle = _check(cu.cuMemCreate(size, self._prop(device=kind == "device"), 0))
+                    taken.handles.append(handle)
+                _check(cu.cuMemMap(taken.ptr + offset, size, 0, handle, 0))
                 taken.mapped.append((taken.ptr + offset, size))
                 offset += size
             access = cu.CUmemAccessDesc()
