@@ -40,6 +40,10 @@ ENV_CACHE_DECAY = "REAP_ONLINE_CACHE_DECAY"
 ENV_CACHE_HYSTERESIS = "REAP_ONLINE_CACHE_HYSTERESIS"
 ENV_CACHE_PRIOR = "REAP_ONLINE_CACHE_PRIOR_WEIGHT"
 ENV_CACHE_FUSED = "REAP_ONLINE_CACHE_FUSED"
+ENV_STAGING_ROWS = "REAP_PREFILL_STAGING_ROWS"
+ENV_STAGING_MIN_STEP = "REAP_PREFILL_STAGING_MIN_STEP_TOKENS"
+ENV_STAGING_MIN_EXPERT = "REAP_PREFILL_STAGING_MIN_EXPERT_TOKENS"
+MAX_STAGING_ROWS = 512  # more than any model's experts per layer here; the bank's row limit is 992 in all
 ONLINE_POLICIES = ("lfru",)
 # Chosen on learned 128-expert traces at 30 % slots (reap-swap simulate --policies lfru_cap, T=0.8):
 # decode hits 0.829 / 0.836 / 0.839 at cap 1 / 2 / 4 (decay 0.9; uncapped LFRU 0.839), 0.845 with
@@ -81,6 +85,11 @@ class ResidencyConfig:
     """CUDA: the step as one Triton program; 0 keeps the torch ops (same results, to compare on a GPU)."""
     forensics_max_bytes: int = DEFAULT_FORENSICS_BYTES
     """Bound on the control plane's swap forensics (JSON bytes, oldest requests evicted first)."""
+    staging_rows: int = 0
+    """Prefill staging (``cache/prefill_staging.py``): device rows a large step's missed experts are copied
+    into once each; 0: off."""
+    staging_min_step_tokens: int = 512
+    staging_min_expert_tokens: int = 16
 
     @property
     def enabled(self) -> bool:
@@ -209,6 +218,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
             f"{ENV_CACHE_CAP}={cap} (--online-cache-cap) evictions needs a spare host row; {ENV_SPARES}={spares} "
             f"(--complement-spares) is too few (set it >= {cap})"
         )
+    staging_rows = _int_env(env, ENV_STAGING_ROWS, 0, 0) or 0
+    if staging_rows > MAX_STAGING_ROWS:
+        raise ResidencyConfigError(f"{ENV_STAGING_ROWS} (--prefill-staging-rows) must be <= {MAX_STAGING_ROWS}, got {staging_rows}")
     return ResidencyConfig(
         plan_path=env.get(ENV_PLAN) or None,
         slots_override=_int_env(env, ENV_SLOTS, None),
@@ -231,6 +243,9 @@ def from_env(env: Mapping[str, str] | None = None) -> ResidencyConfig:
         cache_prior_weight=_float_env(env, ENV_CACHE_PRIOR, DEFAULT_CACHE_PRIOR, 0.0, 1e6) or 0.0,
         cache_fused=_bool_env(env, ENV_CACHE_FUSED, True),
         forensics_max_bytes=_int_env(env, ENV_FORENSICS_BYTES, DEFAULT_FORENSICS_BYTES, 1024) or DEFAULT_FORENSICS_BYTES,
+        staging_rows=staging_rows,
+        staging_min_step_tokens=_int_env(env, ENV_STAGING_MIN_STEP, 512, 1) or 512,
+        staging_min_expert_tokens=_int_env(env, ENV_STAGING_MIN_EXPERT, 16, 0) or 0,
     )
 
 

@@ -94,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the composed fast mode (CUDA): --online-cache lfru (unless another policy is given) with --cpu-experts; "
                         "per small step the CPU split runs first and takes the coldest misses, the cache promotes from the "
                         "link's share; pipe rates measured at start-up, shown in /reap/status (not token-identical: bf16 tolerance)")
+    stage = p.add_argument_group("prefill staging (opt-in; token-identical; speed not yet measured on a GPU)")
+    stage.add_argument("--prefill-staging-rows", type=int, default=None,
+                       help="device rows per MoE layer bank (on CUDA one region shared by every layer) that a large step's most-routed "
+                            "missed experts are copied into once each, instead of the fused kernel re-reading their host rows per M-block "
+                            f"(default 0: off; at most {reap_config.MAX_STAGING_ROWS})")
+    stage.add_argument("--prefill-staging-min-step-tokens", type=int, default=None,
+                       help="--prefill-staging-rows: steps with at least this many tokens are staged (default 512)")
+    stage.add_argument("--prefill-staging-min-expert-tokens", type=int, default=None,
+                       help="--prefill-staging-rows: stage a missed expert only with more routed pairs than this in the step (default 16)")
     cpu = p.add_argument_group("CPU expert path (CUDA only, opt-in; outputs equal stock within bf16 tolerance, not token-identical)")
     cpu.add_argument("--cpu-experts", action="store_true",
                      help="the host CPU computes part of each small step's non-resident experts from the host rows while the GPU reads the rest")
@@ -159,11 +168,37 @@ def _online_cache_env(args: argparse.Namespace, env: dict[str, str]) -> None:
             env[var] = str(given[name])
 
 
+def _staging_env(args: argparse.Namespace, env: dict[str, str], num_experts: int) -> None:
+    """``--prefill-staging-*`` -> REAP_PREFILL_STAGING_*; refuses negative or absurd values by flag name."""
+    rows = getattr(args, "prefill_staging_rows", None)
+    knobs = {"prefill_staging_min_step_tokens": (reap_config.ENV_STAGING_MIN_STEP, 1),
+             "prefill_staging_min_expert_tokens": (reap_config.ENV_STAGING_MIN_EXPERT, 0)}
+    given = {name: getattr(args, name, None) for name in knobs}
+    if not rows:
+        if any(v is not None for v in given.values()):
+            raise ServeError("--prefill-staging-min-* options need --prefill-staging-rows N (N >= 1)")
+        return
+    if not 0 < rows <= min(num_experts, reap_config.MAX_STAGING_ROWS):
+        raise ServeError(f"--prefill-staging-rows must be in [0, {min(num_experts, reap_config.MAX_STAGING_ROWS)}] "
+                         f"(at most the model's experts per MoE layer), got {rows}")
+    env[reap_config.ENV_STAGING_ROWS] = str(rows)
+    for name, (var, minimum) in knobs.items():
+        value = given[name]
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not minimum <= value <= 1 << 24:
+            raise ServeError(f"{flag} must be in [{minimum}, {1 << 24}], got {value}")
+        env[var] = str(value)
+
+
 def _flag_of_env(env: dict[str, str]) -> dict[str, str]:
     """The flags that set the REAP_* variables in ``env``, to name them in errors from the variables' parsers."""
     flags = {reap_config.ENV_START: "--start-resident", reap_config.ENV_SPARES: "--complement-spares",
              reap_config.ENV_CACHE_CAP: "--online-cache-cap", reap_config.ENV_CACHE_DECAY: "--online-cache-decay",
-             reap_config.ENV_CACHE_HYSTERESIS: "--online-cache-hysteresis", "REAP_CPU_EXPERT_CPUS": "--cpu-experts-cpus"}
+             reap_config.ENV_CACHE_HYSTERESIS: "--online-cache-hysteresis", "REAP_CPU_EXPERT_CPUS": "--cpu-experts-cpus",
+             reap_config.ENV_STAGING_ROWS: "--prefill-staging-rows", reap_config.ENV_STAGING_MIN_STEP: "--prefill-staging-min-step-tokens",
+             reap_config.ENV_STAGING_MIN_EXPERT: "--prefill-staging-min-expert-tokens"}
     if any(var.startswith("REAP_CPU_EXPERT") for var in env):  # set by --cpu-experts*: its settings are imported
         cpu_path = _cpu_path()
         flags.update({cpu_path.ENV_LINK_GBPS: "--cpu-experts-link-gbps", cpu_path.ENV_CPU_GBPS: "--cpu-experts-cpu-gbps",
@@ -230,6 +265,7 @@ def validated_env(args: argparse.Namespace) -> dict[str, str]:
     args = with_fast(args)
     _online_cache_env(args, env)
     _cpu_experts_env(args, env)
+    _staging_env(args, env, layout.num_experts)
     # What every vLLM process will read: the REAP_* variables already set, overridden by our flags.
     effective = {k: v for k, v in os.environ.items() if k.startswith("REAP_")}
     effective.update(env)

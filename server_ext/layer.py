@@ -18,6 +18,10 @@ it runs under torch.compile and CUDA graphs:
    (``online_cache.py``): scores, up to C host -> slot copies from the link's
    share of the misses, table update, and the step's ids remapped once more
    from the updated table (the CPU's pairs to the filler row);
+3b. with prefill staging on (``REAP_PREFILL_STAGING_ROWS``) and a step of at least its
+   token threshold, the pairs still reading host rows: the most-routed missed experts
+   are copied once into the bank's staging rows and their pairs remapped there
+   (``prefill_staging.py``), so the fused kernel reads them from HBM;
 4. the stock fused-MoE path runs unchanged on the remapped ids; the CPU's
    outputs are merged before its ``moe_sum``.
 
@@ -40,6 +44,7 @@ from .step import logical_experts
 from .cpu_experts.cpu_path import (CpuPathConfigError, CpuPathSettings, LayerCpuPath, check_expert_weights, measure_cpu_GBps,
                                    measure_link_GBps)
 from .cache.online_cache import CacheParams, LayerCache
+from .cache.prefill_staging import StagingParams, stage_step
 from .step.routing_kernels import remap_and_capture
 
 logger = logging.getLogger("reap_swap.server_ext")
@@ -94,6 +99,8 @@ class ResidentRoutedExperts(RoutedExperts):
         self.reap_bank_rows: list[torch.Tensor] = []
         self.reap_cache: LayerCache | None = None
         self.reap_cpu_path: LayerCpuPath | None = None
+        self.reap_staging: StagingParams | None = None
+        """Prefill staging settings when on (the bank has that many staging rows)."""
         self.reap_complement_fallback: str | None = None
         """Why RAM-complement mode was asked for but the full-copy bank was built instead."""
         self.reap_layer_id = _layer_index(self.layer_name)
@@ -112,8 +119,12 @@ class ResidentRoutedExperts(RoutedExperts):
             raise reap_config.ResidencyConfigError(f"cannot size the routing arena: num_hidden_layers={num_layers!r}")
         # One slot per schedulable request plus a few for requests whose sums are being read back.
         cap = cfg.cache_cap if cfg.online_cache else 0
-        arena = arena_for(vllm_config, num_layers, self.reap_max_tokens, int(self.top_k), self.global_num_experts, int(sched.max_num_seqs) + 8, cap)
-        arena.check_layer(self.reap_layer_id, int(self.top_k), self.global_num_experts, cap)
+        stage = min(cfg.staging_rows, self.global_num_experts)
+        arena = arena_for(vllm_config, num_layers, self.reap_max_tokens, int(self.top_k), self.global_num_experts, int(sched.max_num_seqs) + 8, cap,
+                          stage)
+        arena.check_layer(self.reap_layer_id, int(self.top_k), self.global_num_experts, cap, stage)
+        if stage:
+            self.reap_staging = StagingParams(stage, cfg.staging_min_step_tokens, cfg.staging_min_expert_tokens)
         self.reap_arena = arena
         self.reap_codes = arena.codes[self.reap_layer_id]
         self.reap_weights = arena.weights[self.reap_layer_id]
@@ -144,6 +155,7 @@ class ResidentRoutedExperts(RoutedExperts):
         device = next(iter(params.values())).device
         start = cfg.start_resident(self.reap_layer_id, self.global_num_experts, self.reap_slots)
         backing = make_backing(device)
+        staging = self.reap_staging.rows if self.reap_staging is not None else 0
         cpu_settings = CpuPathSettings.from_env()
         if cpu_settings.enabled:
             check_expert_weights(self.reap_layer_id, params, self.reap_quantization)  # before the device check: it names the real obstacle
@@ -153,13 +165,13 @@ class ResidentRoutedExperts(RoutedExperts):
         if cfg.ram_complement and self.reap_slots > 0:  # no slots: nothing to complement
             spec = ComplementSpec(min(cfg.complement_spares, self.reap_slots), start)
             try:
-                bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing, spec)
+                bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing, spec, staging_rows=staging)
             except RuntimeError as exc:  # pinning / mapping failed: nothing was changed, use the copy path
                 self.reap_complement_fallback = f"{type(exc).__name__}: {exc}"
                 logger.warning("reap-swap layer %d: RAM-complement bank not built (%s); using the full host copy",
                                self.reap_layer_id, self.reap_complement_fallback)
         if bank is None:
-            bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing)
+            bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing, staging_rows=staging)
         self.reap_bank = bank
         self.reap_bank_rows = [p.data for p in bank.params.values()]
         """Every per-expert parameter's bank tensor, bound once here (the bank never rebinds them): the
@@ -266,6 +278,16 @@ class ResidentRoutedExperts(RoutedExperts):
         experts.moe_sum = moe_sum  # instance-level: this layer's kernel object only
         return path
 
+    def _stage(self, topk_ids: torch.Tensor, phys: torch.Tensor) -> torch.Tensor:
+        """Prefill staging of a large step (after the cache's promotions, which stay as they are): the
+        pairs that still read host rows, for the most-routed missed experts, remapped to staging rows
+        their bytes were copied into once. Small steps and staging off: ``phys`` unchanged."""
+        params, bank = self.reap_staging, self.reap_bank
+        if params is None or bank is None or not params.applies(int(topk_ids.shape[0])):
+            return phys
+        return stage_step(topk_ids, phys, self.reap_phys_map, self.reap_host_offset, bank.staging_offset, self.reap_bank_rows, params,
+                          self.reap_arena.valid_rows, self.reap_arena.stage_rows[self.reap_layer_id, : params.rows])
+
     def forward_modular(
         self,
         x: torch.Tensor,
@@ -290,7 +312,7 @@ class ResidentRoutedExperts(RoutedExperts):
                 if cache is not None:
                     gpu_ids = cache.step(topk_ids, self.reap_bank_rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap],
                                          cpu_pairs=cpu.pending_pairs, filler=cpu.filler_row)
-                phys = gpu_ids
+                phys = self._stage(topk_ids, gpu_ids)
                 try:
                     out = super().forward_modular(x=x, topk_weights=topk_weights, topk_ids=phys, shared_experts=shared_experts,
                                                   shared_experts_input=shared_experts_input)
@@ -301,7 +323,7 @@ class ResidentRoutedExperts(RoutedExperts):
                 return out
             if cache is not None and topk_ids.shape[0] > 0:
                 phys = cache.step(topk_ids, self.reap_bank_rows, arena.valid_rows, arena.promo_rows[self.reap_layer_id, : cache.cap])
-            topk_ids = phys
+            topk_ids = self._stage(topk_ids, phys)
         return super().forward_modular(
             x=x,
             topk_weights=topk_weights,

@@ -49,7 +49,8 @@ class WorkerResidency:
         self.arena = self.layers[0].reap_arena
         # The step's real row count (the rest of a captured graph's rows is padding): for the online
         # cache's scores and the CPU expert path's split.
-        uses_valid = bool(self.caches) or bool(self.cpu_paths)
+        self.staging = any(m.reap_staging is not None for m in self.layers)
+        uses_valid = bool(self.caches) or bool(self.cpu_paths) or self.staging
         self._valid = _ValidRows(self.arena.valid_rows) if uses_valid else None
         if self.caches:  # vLLM's warm-up and graph-capture runs promoted on dummy routing: back to the start-up set
             self.reset_caches({i: self.cfg.start_resident(i, self.num_experts, b.num_slots) for i, b in self.banks.items()}, counters=True)
@@ -57,6 +58,8 @@ class WorkerResidency:
                 if b.complement is not None:
                     b.complement.counters = ExchangeCounters()
         self.accounting = RoutingAccounting(self.layers[0].reap_arena, list(self.banks), self.ledger)
+        if self.staging:  # vLLM's warm-up runs staged dummy steps: book none of them
+            self.arena.stage_rows.fill_(-1)
         self.accounting.enabled = accounting
         self.steps_attributed = 0
         self.steps_unattributed = 0
@@ -262,6 +265,8 @@ class WorkerResidency:
             elif layout.total:
                 acct.record_step(layout)
                 self.steps_attributed += 1
+        if self.staging:  # a layer writes its staged experts only in staged steps: the next step starts from none
+            self.arena.stage_rows.fill_(-1)
         if finished:
             acct.finish(finished)
         acct.poll()

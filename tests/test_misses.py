@@ -67,11 +67,11 @@ def test_reset_and_bounded_size() -> None:
 def test_stats_report_entries_and_their_bytes() -> None:
     """``worker.miss_ledger`` on /reap/status: an entry of a 48-layer x 128-expert model holds ~149 KB of arrays."""
     ledger = MissLedger(list(range(48)), num_experts=128, max_requests=3)
-    per = 48 * 8 * 3 + 48 * 128 * 8 * 3  # observed, inactive, promoted [L]; hits, miss_hits, expert_mass [L, E]
+    per = 48 * 8 * 4 + 48 * 128 * 8 * 3  # observed, inactive, promoted, staged [L]; hits, miss_hits, expert_mass [L, E]
     assert ledger.stats() == {"entries": 0, "bytes": 0, "bytes_per_entry": per, "max_entries": 3, "evicted": 0}
     for rid in "abcd":
         step(ledger, [rid], [1], 1.0, 0.0)
     assert ledger.stats() == {"entries": 3, "bytes": 3 * per, "bytes_per_entry": per, "max_entries": 3, "evicted": 1}
-    assert per == 148_608 and ledger.collect("b").nbytes == per
+    assert per == 148_992 and ledger.collect("b").nbytes == per
     ledger.reset("b")
     assert ledger.stats()["entries"] == 2 and ledger.stats()["bytes"] == 2 * per

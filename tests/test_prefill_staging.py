@@ -236,3 +236,19 @@ def test_bank_with_staging_rows_keeps_its_table_and_swaps() -> None:
     for k, t in orig.items():
         assert torch.equal(params[k].data[s + p:], t) and not params[k].data[s:s + p].any()
     assert bank.staging_bytes == p * sum(bank.layout.row_strides)
+
+
+def test_settings_from_the_environment() -> None:
+    from reap_swap.server_ext import config as reap_config
+
+    off = reap_config.from_env({})
+    assert off.staging_rows == 0
+    on = reap_config.from_env({"REAP_PREFILL_STAGING_ROWS": "96", "REAP_PREFILL_STAGING_MIN_STEP_TOKENS": "1024",
+                               "REAP_PREFILL_STAGING_MIN_EXPERT_TOKENS": "0"})
+    assert (on.staging_rows, on.staging_min_step_tokens, on.staging_min_expert_tokens) == (96, 1024, 0)
+    for env, message in (({"REAP_PREFILL_STAGING_ROWS": "-2"}, "REAP_PREFILL_STAGING_ROWS must be >= 0"),
+                         ({"REAP_PREFILL_STAGING_ROWS": "513"}, "must be <= 512"),
+                         ({"REAP_PREFILL_STAGING_ROWS": "x"}, "must be an integer"),
+                         ({"REAP_PREFILL_STAGING_MIN_STEP_TOKENS": "0"}, "REAP_PREFILL_STAGING_MIN_STEP_TOKENS must be >= 1")):
+        with pytest.raises(reap_config.ResidencyConfigError, match=message):
+            reap_config.from_env(env)

@@ -94,6 +94,14 @@ def _cases(f: dict[str, Path]) -> dict[str, Case]:
         "fast-without-cuda": Case((*r, "--fast"), "--cpu-experts needs a CUDA device"),
         "cpu-path-with-fp8-checkpoint": Case(("--model", str(f["fp8"]), "--resident-experts-per-layer", "4", "--cpu-experts"),
                                              "with the checkpoint's quantization_config (fp8) experts"),
+        # prefill staging
+        "staging-rows-negative": Case((*r, "--prefill-staging-rows", "-1"), "--prefill-staging-rows must be in [0, 16] (at most the model's experts per MoE layer), got -1"),
+        "staging-rows-above-the-model": Case((*r, "--prefill-staging-rows", "17"), "--prefill-staging-rows must be in [0, 16]"),
+        "staging-knob-without-rows": Case((*r, "--prefill-staging-min-step-tokens", "8"),
+                                          "--prefill-staging-min-* options need --prefill-staging-rows N"),
+        "staging-min-step-zero": Case((*r, "--prefill-staging-rows", "4", "--prefill-staging-min-step-tokens", "0"),
+                                      "--prefill-staging-min-step-tokens must be in [1, 16777216], got 0"),
+        "staging-bad-variable": Case(r, "REAP_PREFILL_STAGING_ROWS (--prefill-staging-rows) must be <= 512", env=(("REAP_PREFILL_STAGING_ROWS", "100000"),)),
         # the control token
         "token-file-empty": Case((*r, "--control-token-file", str(f["empty"])), f"--control-token-file {f['empty']} is empty"),
         "token-file-a-folder": Case((*r, "--control-token-file", str(f["folder"])), "cannot read it"),

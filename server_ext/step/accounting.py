@@ -10,6 +10,12 @@ report drains that request's slots only, ``flush_request``): an asynchronous
 copy into pinned memory plus an event, booked into the ``MissLedger`` once
 the event has completed (checked without blocking after each step; a report
 blocks until everything is booked).
+
+Prefill staging (``cache/prefill_staging.py``) leaves the captured pairs as routed: a staged pair
+is still a missed pair. Each staged expert of a layer step is booked once, to the request of the
+first token row that routed it (``arena.stage_rows``, the same kernel as the cache's promotions),
+as ``staged`` [L]: staged experts x expert bytes is what staging moved over the link, each expert
+once per layer step, where the kernel's host reads would have re-read it once per M-block.
 """
 
 from __future__ import annotations
@@ -85,17 +91,19 @@ class RoutingAccounting:
         self._pending: dict[int, _Drain] = {}  # slot -> drain whose copy may still be in flight
         self._ring = 0
         self.promotions = arena.promo_cap > 0
+        self.staging = arena.stage_cap > 0
         if self.cuda:
             self._stage = torch.zeros(_STAGE_RING, arena.max_tokens, dtype=torch.int32, pin_memory=True)
             self._stage_events = [torch.cuda.Event() for _ in range(_STAGE_RING)]
             self._mirror = torch.zeros(arena.acc.shape, dtype=arena.acc.dtype, pin_memory=True)
             self._promo_mirror = torch.zeros(arena.promo_acc.shape, dtype=arena.promo_acc.dtype, pin_memory=self.promotions)
+            self._stage_mirror = torch.zeros(arena.stage_acc.shape, dtype=arena.stage_acc.dtype, pin_memory=self.staging)
 
     @property
     def pinned_bytes(self) -> int:
         if not self.cuda:
             return 0
-        return sum(t.numel() * t.element_size() for t in (self._stage, self._mirror, self._promo_mirror))
+        return sum(t.numel() * t.element_size() for t in (self._stage, self._mirror, self._promo_mirror, self._stage_mirror))
 
     def record_step(self, layout: StepLayout) -> None:
         """Queue the accumulation of the step that just ran (its capture rows are in the arena)."""
@@ -127,6 +135,8 @@ class RoutingAccounting:
         accumulate_step(self.arena.codes, self.arena.weights, self._layer_rows_dev, self.arena.row_slot, t, self.arena.acc)
         if self.promotions:
             accumulate_promotions(self.arena.promo_rows, self._layer_rows_dev, self.arena.row_slot, t, self.arena.promo_acc)
+        if self.staging:
+            accumulate_promotions(self.arena.stage_rows, self._layer_rows_dev, self.arena.row_slot, t, self.arena.stage_acc)
         self.steps_recorded += 1
 
     def finish(self, request_ids: Iterable[str]) -> None:
@@ -177,9 +187,11 @@ class RoutingAccounting:
         if not self.cuda:
             sums = self.arena.acc[slot].numpy().copy()
             promo = self.arena.promo_acc[slot].numpy().copy()
+            staged = self.arena.stage_acc[slot].numpy().copy()
             self.arena.acc[slot].zero_()
             self.arena.promo_acc[slot].zero_()
-            self._book(request_id, sums, tokens, steps, promo)
+            self.arena.stage_acc[slot].zero_()
+            self._book(request_id, sums, tokens, steps, promo, staged)
             return
         if slot in self._pending:  # the mirror row is about to be reused
             self._book_slot(slot)
@@ -188,6 +200,9 @@ class RoutingAccounting:
         if self.promotions:
             self._promo_mirror[slot].copy_(self.arena.promo_acc[slot], non_blocking=True)
             self.arena.promo_acc[slot].zero_()
+        if self.staging:
+            self._stage_mirror[slot].copy_(self.arena.stage_acc[slot], non_blocking=True)
+            self.arena.stage_acc[slot].zero_()
         event = torch.cuda.Event()
         event.record()
         self._pending[slot] = _Drain(request_id, tokens, steps, event)
@@ -196,11 +211,13 @@ class RoutingAccounting:
         d = self._pending.pop(slot)
         if not landed and not d.event.query():
             d.event.synchronize()
-        self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps, self._promo_mirror[slot].numpy())
+        self._book(d.request_id, self._mirror[slot].numpy(), d.tokens, d.steps, self._promo_mirror[slot].numpy(),
+                   self._stage_mirror[slot].numpy())
 
-    def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int, promo: np.ndarray) -> None:
+    def _book(self, request_id: str, sums: np.ndarray, tokens: int, steps: int, promo: np.ndarray, staged: np.ndarray) -> None:
         s = sums[self.layer_rows].astype(np.float64)  # [L, COMPONENTS, E]
         promoted = np.rint(promo[self.layer_rows]).astype(np.int64) if promo.size else np.zeros(len(self.layer_rows), np.int64)
+        staged_l = np.rint(staged[self.layer_rows]).astype(np.int64) if staged.size else np.zeros(len(self.layer_rows), np.int64)
         self.ledger.add(
             request_id,
             RequestMisses(
@@ -212,5 +229,6 @@ class RoutingAccounting:
                 tokens=tokens,
                 steps=steps,
                 promoted=promoted,
+                staged=staged_l,
             ),
         )

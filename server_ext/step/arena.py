@@ -26,6 +26,12 @@ class RoutingArena:
     valid_rows: torch.Tensor  # [1] int32: real token rows of the step being run (the rest is graph padding)
     promo_rows: torch.Tensor  # [arena layers, C] int32: online cache, first row routing each promotion of the step, -1: none
     promo_acc: torch.Tensor  # [request slots, arena layers] float32: online-cache promotions per request
+    stage_rows: torch.Tensor  # [arena layers, P] int32: prefill staging, first row routing each staged expert of the step, -1: none
+    stage_acc: torch.Tensor  # [request slots, arena layers] float32: prefill-staged experts per request
+
+    @property
+    def stage_cap(self) -> int:
+        return int(self.stage_rows.shape[1])
 
     @property
     def promo_cap(self) -> int:
@@ -45,10 +51,11 @@ class RoutingArena:
 
     @property
     def nbytes(self) -> int:
-        parts = (self.codes, self.weights, self.acc, self.row_slot, self.valid_rows, self.promo_rows, self.promo_acc)
+        parts = (self.codes, self.weights, self.acc, self.row_slot, self.valid_rows, self.promo_rows, self.promo_acc, self.stage_rows,
+                 self.stage_acc)
         return sum(t.numel() * t.element_size() for t in parts)
 
-    def check_layer(self, layer_id: int, top_k: int, num_experts: int, promo_cap: int = 0) -> None:
+    def check_layer(self, layer_id: int, top_k: int, num_experts: int, promo_cap: int = 0, stage_cap: int = 0) -> None:
         if not 0 <= layer_id < self.num_layers:
             raise ValueError(f"MoE layer {layer_id} is outside the routing arena's {self.num_layers} layers")
         if top_k != self.codes.shape[2] or num_experts != self.acc.shape[3]:
@@ -58,10 +65,12 @@ class RoutingArena:
             )
         if promo_cap > self.promo_cap:
             raise ValueError(f"MoE layer {layer_id}: online-cache cap {promo_cap} exceeds the arena's {self.promo_cap}")
+        if stage_cap > self.stage_cap:
+            raise ValueError(f"MoE layer {layer_id}: {stage_cap} prefill staging rows exceed the arena's {self.stage_cap}")
 
 
 def new_arena(num_layers: int, max_tokens: int, top_k: int, num_experts: int, request_slots: int, device: torch.device | None = None,
-              promo_cap: int = 0) -> RoutingArena:
+              promo_cap: int = 0, stage_cap: int = 0) -> RoutingArena:
     return RoutingArena(
         codes=torch.zeros(num_layers, max_tokens, top_k, dtype=torch.int32, device=device),
         weights=torch.zeros(num_layers, max_tokens, top_k, dtype=torch.float32, device=device),
@@ -70,6 +79,8 @@ def new_arena(num_layers: int, max_tokens: int, top_k: int, num_experts: int, re
         valid_rows=torch.full((1,), max_tokens, dtype=torch.int32, device=device),
         promo_rows=torch.full((num_layers, promo_cap), -1, dtype=torch.int32, device=device),
         promo_acc=torch.zeros(request_slots, num_layers if promo_cap else 0, dtype=torch.float32, device=device),
+        stage_rows=torch.full((num_layers, stage_cap), -1, dtype=torch.int32, device=device),
+        stage_acc=torch.zeros(request_slots, num_layers if stage_cap else 0, dtype=torch.float32, device=device),
     )
 
 
@@ -78,9 +89,10 @@ _ARENAS: dict[int, RoutingArena] = {}
 
 
 def arena_for(owner: object, num_layers: int, max_tokens: int, top_k: int, num_experts: int, request_slots: int,
-              promo_cap: int = 0) -> RoutingArena:
+              promo_cap: int = 0, stage_cap: int = 0) -> RoutingArena:
     """The arena of ``owner``'s model, created (on torch's current default device) by the first layer."""
     arena = _ARENAS.get(id(owner))
     if arena is None:
-        arena = _ARENAS[id(owner)] = new_arena(num_layers, max_tokens, top_k, num_experts, request_slots, promo_cap=promo_cap)
+        arena = _ARENAS[id(owner)] = new_arena(num_layers, max_tokens, top_k, num_experts, request_slots, promo_cap=promo_cap,
+                                              stage_cap=stage_cap)
     return arena

@@ -53,10 +53,13 @@ class RequestMisses:
     tokens: int = 0
     steps: int = 0
     promoted: np.ndarray = None  # type: ignore[assignment]  # [L] experts the online cache promoted; zeros when not given
+    staged: np.ndarray = None  # type: ignore[assignment]  # [L] experts prefill staging copied (once per layer step); zeros when not given
 
     def __post_init__(self) -> None:
         if self.promoted is None:
             self.promoted = np.zeros(len(self.observed), np.int64)
+        if self.staged is None:
+            self.staged = np.zeros(len(self.observed), np.int64)
 
     @classmethod
     def zeros(cls, layers: int, experts: int) -> "RequestMisses":
@@ -68,7 +71,7 @@ class RequestMisses:
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays (every entry of a ledger has the same shapes)."""
-        return sum(a.nbytes for a in (self.observed, self.inactive, self.hits, self.miss_hits, self.expert_mass, self.promoted))
+        return sum(a.nbytes for a in (self.observed, self.inactive, self.hits, self.miss_hits, self.expert_mass, self.promoted, self.staged))
 
     def add(self, other: "RequestMisses") -> None:
         self.observed += other.observed
@@ -79,6 +82,7 @@ class RequestMisses:
         self.tokens += other.tokens
         self.steps += other.steps
         self.promoted = self.promoted + other.promoted
+        self.staged = self.staged + other.staged
 
 
 class MissLedger:
@@ -193,6 +197,7 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "missed_pairs": int(acc.miss_hits[i].sum()),
             "expert_mass": [round(float(x), 6) for x in acc.expert_mass[i]],
             "promoted_experts": int(promoted[i]),
+            "staged_experts": int(acc.staged[i]),
         }
     obs_total, ina_total = float(acc.observed.sum()), float(acc.inactive.sum())
     return {
@@ -207,6 +212,10 @@ def summarize(layer_ids: Iterable[int], acc: RequestMisses, engine_ids: list[str
             "pair_miss_ratio": float(acc.miss_hits.sum() / acc.hits.sum()) if acc.hits.sum() else 0.0,
             "promoted_experts": int(promoted.sum()),
             "promotion_link_bytes": int(promoted.sum()) * int(expert_bytes),
+            # Prefill staging: each staged expert crossed the link once per layer step (its pairs are still
+            # counted in missed_pairs, as routed, and so in link_bytes' upper bound below).
+            "staged_experts": int(acc.staged.sum()),
+            "staging_link_bytes": int(acc.staged.sum()) * int(expert_bytes),
             # Each missed pair's expert crosses the host link once: read by the kernel over UVA, or
             # copied by its promotion (which replaces that read). Exact for one token per step (batch-1
             # decode); an upper bound when tokens of one step share a missed expert.
