@@ -56,6 +56,8 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         seed=0,
         max_num_seqs=spec["batch"],
     )
+    if spec.get("max_batched_tokens"):
+        kw.update(max_num_batched_tokens=spec["max_batched_tokens"], enable_chunked_prefill=True)
     if spec["device"] == "cuda":
         kw.update(
             gpu_memory_utilization=0.92,
@@ -242,6 +244,11 @@ def run(spec: dict[str, Any], res: Results) -> None:
         ref = spec["ref_tokens"]
         res.save("identical_ids", tokens == ref)
         res.save("first_diff", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
+    if reap and spec.get("env", {}).get("REAP_PREFILL_STAGING_ROWS"):
+        res.save("staging_bs1", _staging_books(llm, bs1))
+    if spec.get("ttft_only"):  # long prompts: batch 1 only
+        res.save("done_s", time.perf_counter() - T0)
+        return
     r8 = probe.decode_rate(llm, bs8, spec["gen_bs8"], spec["reps"])
     tokens8 = r8.pop("tokens")
     res.save("bs8", r8)
@@ -266,6 +273,17 @@ def run(spec: dict[str, Any], res: Results) -> None:
     if reap and spec.get("sweep") and resident is not None:
         _sweep(llm, spec, res, bs1, resident)
     res.save("done_s", time.perf_counter() - T0)
+
+
+def _staging_books(llm: Any, prompts: list[dict[str, list[int]]]) -> dict[str, Any]:
+    """One prefill (1 token) with staging: staged experts and their link bytes against the missed pairs, as booked."""
+    from reap_swap.benchmarks import llm_probe as probe
+
+    llm.collective_rpc("reap_reset_router_stats")
+    probe.generate(llm, prompts, 1)
+    s = llm.collective_rpc("reap_router_misses", args=("__all__",))[0]["summary"]
+    llm.collective_rpc("reap_reset_router_stats")
+    return {k: s.get(k) for k in ("staged_experts", "staging_link_bytes", "missed_pairs", "routed_pairs", "link_bytes", "tokens")}
 
 
 def _sweep(llm: Any, spec: dict[str, Any], res: Results, bs1: list[dict[str, list[int]]], resident: dict[str, list[int]]) -> None:

@@ -13,6 +13,11 @@ caches or memory):
                      hit-rate sweep against the host-link law
 * ``reap_30_cpu``    ``reap_30`` with the CPU expert path (``REAP_CPU_EXPERTS=1``): each small
                      step's misses split between the link and the host CPU (``cpu_misses``)
+* ``reap_30_stage``  ``reap_30`` with prefill staging (``REAP_PREFILL_STAGING_ROWS`` = the
+                     layer's non-resident experts, ``--staging-rows``): a large step's missed
+                     experts are copied once into staging rows instead of being re-read per M-block.
+                     For TTFT at long prompts: ``--shape 30b-a3b-24l-40k --prompt-len 32768
+                     --ttft-only`` (batch-1 TTFT, no batch timing or sweep)
 
 All arms share the model (a config with the chosen expert shape, vLLM dummy
 weights) and re-seed each layer's router alike, so routing differs per layer
@@ -44,7 +49,7 @@ from .learned import report as learned_report
 from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
-ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu")
+ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_stage")
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -59,6 +64,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "layers": shape.layers,
         "vocab": vocab,
         "max_model_len": args.prompt_len + max(args.gen, args.gen_bs8) + 64,
+        "max_batched_tokens": args.max_batched_tokens,
+        "ttft_only": args.ttft_only,
         "kv_cache_gib": args.kv_cache_gib,
         "batch": args.batch,
         "prompt_len": args.prompt_len,
@@ -86,6 +93,10 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         # reap_30 with the CPU expert path (issue 16): the same set, part of each step's misses computed by the host CPU
         "reap_30_cpu": {**base, "name": "reap_30_cpu", "kind": "reap", "slots": slots30, "calibrate": True, "cpu_experts": True,
                         "profile_steps": args.profile_steps},
+        # reap_30 with prefill staging (issue 26): large steps copy their missed experts once into staging rows
+        "reap_30_stage": {**base, "name": "reap_30_stage", "kind": "reap", "slots": slots30, "calibrate": True,
+                          "env": {"REAP_PREFILL_STAGING_ROWS": str(args.staging_rows or shape.experts - slots30),
+                                  "REAP_PREFILL_STAGING_MIN_STEP_TOKENS": str(args.staging_min_step_tokens)}},
     }
     return [specs[a] for a in args.arms]
 
@@ -121,7 +132,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
     p.add_argument("--gen-bs8", type=int, default=32, help="tokens generated per request in the batch timing")
     p.add_argument("--batch", type=int, default=8, help="requests decoded together in the batch timing")
-    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per request")
+    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per request (up to the shape's positions less --gen and 64)")
+    p.add_argument("--max-batched-tokens", type=int,
+                   help="vLLM's max_num_batched_tokens (the prefill chunk) in every arm (default: vLLM's)")
+    p.add_argument("--ttft-only", action="store_true",
+                   help="time batch 1 only (TTFT and decode), no batch timing, hit rates, profile or sweep: long prompts")
+    p.add_argument("--staging-rows", type=int, help="reap_30_stage: prefill staging rows (default: the layer's non-resident experts)")
+    p.add_argument("--staging-min-step-tokens", type=int, default=512, help="reap_30_stage: steps with at least this many tokens are staged")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions (medians) after one warm-up")
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per arm, GiB")
     p.add_argument("--profile-steps", type=int, default=20, help="decode steps under torch.profiler (0: no profile)")
@@ -144,7 +161,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
     # the CPU expert path (and the fast mode, which runs it) needs CUDA: asked for by name
-    default = [a for a in names if not a.endswith("_cpu") and a not in learned_bench.CUDA_ONLY]
+    default = [a for a in names if not a.endswith(("_cpu", "_stage")) and a not in learned_bench.CUDA_ONLY]  # staging: asked for by name
     args.arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
     bad = [a for a in args.arms if a not in names]
     if bad or not args.arms:
@@ -160,6 +177,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--slots-fraction must be in (0, 1]")
     if args.gen < 2 or args.gen_bs8 < 2 or args.reps < 1 or args.batch < 1:
         p.error("--gen and --gen-bs8 must be >= 2, --reps and --batch >= 1")
+    shape = SHAPES[args.shape]
+    longest = args.prompt_len + max(args.gen, args.gen_bs8) + 64
+    if args.prompt_len < 1 or longest > shape.max_positions:
+        p.error(f"--prompt-len {args.prompt_len} + generation + 64 = {longest} exceeds the shape's {shape.max_positions} positions "
+                f"(--shape 30b-a3b-24l-40k serves up to 40960)")
+    if args.max_batched_tokens is not None and args.max_batched_tokens < 1:
+        p.error(f"--max-batched-tokens must be >= 1, got {args.max_batched_tokens}")
+    if args.staging_rows is not None and not 0 < args.staging_rows <= shape.experts:
+        p.error(f"--staging-rows must be in [1, {shape.experts}], got {args.staging_rows}")
+    if args.staging_min_step_tokens < 1:
+        p.error(f"--staging-min-step-tokens must be >= 1, got {args.staging_min_step_tokens}")
     return args
 
 

@@ -80,6 +80,9 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         "all_resident_vs_stock_bs1_e2e": _ratio(g("reap_all", "decode_tok_s_bs1_e2e"), g("stock_gpu", "decode_tok_s_bs1_e2e")),
         "all_resident_vs_stock_bs8_e2e": _ratio(g("reap_all", "decode_tok_s_bs8_e2e"), g("stock_gpu", "decode_tok_s_bs8_e2e")),
         "slots30_vs_stock_offload_bs1_e2e": _ratio(g("reap_30", "decode_tok_s_bs1_e2e"), g("stock_offload", "decode_tok_s_bs1_e2e")),
+        # prefill staging (issue 26): time to first token, lower is better
+        "ttft_stage_vs_stock_offload_bs1": _ratio(g("reap_30_stage", "ttft_ms_bs1"), g("stock_offload", "ttft_ms_bs1")),
+        "ttft_stage_vs_reap_30_bs1": _ratio(g("reap_30_stage", "ttft_ms_bs1"), g("reap_30", "ttft_ms_bs1")),
     }
 
 

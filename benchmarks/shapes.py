@@ -26,6 +26,8 @@ class MoeShape:
     kv_heads: int
     head_dim: int
     dtype_bytes: int = 2
+    max_positions: int = 4096
+    """``max_position_embeddings``: the longest prompt + generation the shape serves."""
 
     @property
     def expert_bytes(self) -> int:
@@ -44,6 +46,9 @@ class MoeShape:
 SHAPES: dict[str, MoeShape] = {
     # Qwen3-30B-A3B's expert shape and attention, 24 of its 48 layers (fits beside a stock all-GPU arm).
     "30b-a3b-24l": MoeShape("30b-a3b-24l", layers=24, hidden=2048, experts=128, top_k=8, moe_intermediate=768, heads=32, kv_heads=4, head_dim=128),
+    # The same with 40K positions: prompts of 32K tokens (issue 26's TTFT at 2K / 8K / 32K).
+    "30b-a3b-24l-40k": MoeShape("30b-a3b-24l-40k", layers=24, hidden=2048, experts=128, top_k=8, moe_intermediate=768, heads=32, kv_heads=4,
+                                head_dim=128, max_positions=40960),
     # Same structure, small enough for a CPU smoke run.
     "tiny": MoeShape("tiny", layers=4, hidden=128, experts=16, top_k=4, moe_intermediate=64, heads=4, kv_heads=2, head_dim=32, dtype_bytes=4),
     # The learned traces' routing shape (128 experts, top-8) on 4 layers, for a CPU smoke run of learned mode.
@@ -73,7 +78,7 @@ def qwen3_moe_config(shape: MoeShape, vocab_size: int, dtype: str) -> dict[str, 
         "num_experts": shape.experts,
         "num_experts_per_tok": shape.top_k,
         "norm_topk_prob": True,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": shape.max_positions,
         "max_window_layers": shape.layers,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,

