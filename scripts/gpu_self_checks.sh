@@ -20,5 +20,6 @@ run online_cache 150 $R/scripts/gpu_online_cache_check.py --steps 200
 run cpu_path 300 $R/scripts/gpu_cpu_path_check.py $W/cpu_path_check.json  # T = 1, 8 and the budgeted 16, 32 (issue 26)
 run vmm_release 150 $R/scripts/gpu_vmm_release_check.py $W/vmm_release_check.json --iters 40
 run cpu_timeout 200 $R/scripts/gpu_cpu_timeout_check.py $W/cpu_timeout_check.json
+run prefill 300 $R/scripts/gpu_prefill_check.py --out $W/prefill_check.json  # staging shared by layers; 2K/8K/32K staged vs UVA (issue 26)
 tar -C $W -czf $OUT/self_checks.tgz .   # one file back: logs (each check's JSON) and rc.txt
 cat $W/rc.txt
