@@ -76,6 +76,25 @@ def test_checkpoint_resume_continues_the_schedule(train_moe, tmp_path: Path) -> 
     steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert steps[:4] == [1, 2, 3, 4] and steps[4:] == [4, 5, 6]  # appended, continuing at the checkpoint's step
     assert (out / "model.safetensors").is_file()
+    assert state["tokens"] == 3 * 2 * 32 and again["tokens_seen"] == 6 * 2 * 32
+
+
+def test_tokens_seen_counts_each_run_at_its_own_batch_size(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    """A resume at another batch size (the first run halved it on out-of-memory, or the resume did) counts the
+    checkpoint's tokens plus its own steps at its own size, not every step at the last size."""
+    torch = __import__("torch")
+    data = _packed(tmp_path / "data.npz")
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt" / "train.pt"
+    base = ["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--seq-len", "32", "--eval-windows", "1",
+            "--eval-every", "0", "--warmup-steps", "2", "--log-every", "1", "--ckpt", str(ckpt), "--ckpt-every-s", "0", *TINY]
+    assert train_moe.main(base + ["--batch-size", "4", "--steps", "4"]) == 0
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] == 3 and state["tokens"] == 3 * 4 * 32
+    state["batch_size"] = 2  # the resumed run trains at half the batch
+    torch.save(state, ckpt)
+    assert train_moe.main(base + ["--batch-size", "4", "--steps", "6", "--resume"]) == 0
+    again = json.loads((out / "eval.json").read_text())
+    assert again["batch_size"] == 2 and again["tokens_seen"] == 3 * 4 * 32 + 3 * 2 * 32
 
 
 def test_impl_trial_keeps_a_working_forward(train_moe, tmp_path: Path) -> None:  # noqa: ANN001

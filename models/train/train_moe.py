@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = T_START + args.minutes * 60 - args.reserve_s
     total_steps = args.steps if args.steps > 0 else 10**9
-    start_step, planned_total = 0, 0
+    start_step, planned_total, start_tokens = 0, 0, 0
     if args.resume and args.ckpt is not None and args.ckpt.is_file():
         state = torch.load(args.ckpt, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         gen.set_state(state["gen"].cpu() if device.type == "cuda" else state["gen"])
         start_step, planned_total = int(state["step"]), int(state["total_steps"])
         args.batch_size = int(state.get("batch_size", args.batch_size))
+        # tokens trained before the cut (a checkpoint without them: all its steps at its batch size)
+        start_tokens = int(state.get("tokens", start_step * args.batch_size * args.seq_len))
         total_steps = args.steps if args.steps > 0 else planned_total
         log(f"resumed {args.ckpt} at step {start_step} of a {planned_total}-step schedule")
     tokens_per_step = args.batch_size * args.seq_len
@@ -306,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     t_calib, error = None, None
     last_ckpt = time.time()
 
+    def tokens_done(step: int) -> int:
+        """Tokens trained by ``step``: the resumed run's, then this run's steps at the batch size now in force
+        (the batch halves on out-of-memory before the first step, so one size covers this run's steps)."""
+        return start_tokens + (step - start_step) * args.batch_size * args.seq_len
+
     def save_training_state(step: int, total: int) -> None:
         """Atomic checkpoint (model, optimiser, data RNG, step, schedule) so a cut run can be continued."""
         if args.ckpt is None:
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         args.ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.ckpt.with_suffix(".tmp")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(), "step": step,
-                    "total_steps": total, "batch_size": args.batch_size, "cfg": cfg_dict}, tmp)
+                    "total_steps": total, "batch_size": args.batch_size, "tokens": tokens_done(step), "cfg": cfg_dict}, tmp)
         tmp.replace(args.ckpt)
 
     log_state = {"t": time.time(), "step": 0}
@@ -474,12 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.ckpt is not None and (step < total_steps or error is not None):  # cut short: keep what a resume needs
         save_training_state(step, total_steps)
     train_s = time.time() - T_START
-    log(f"trained {step} steps, {step * tokens_per_step / 1e6:.1f}M tokens")
+    log(f"trained {step} steps, {tokens_done(step) / 1e6:.1f}M tokens")
     ev = evaluate(model, arrays, domains, args, device, amp)
     for dom, r in ev.items():
         log(f"eval {dom:13s} loss {r['loss']:.4f} ppl {r['ppl']:.2f} ({r['tokens']} tokens)")
     result = {
-        "steps": step, "tokens_seen": step * tokens_per_step, "train_seconds": round(train_s, 1),
+        "steps": step, "tokens_seen": tokens_done(step), "train_seconds": round(train_s, 1),
         "params": n_total, "active_params": n_active, "eval": ev, "args": {k: str(v) for k, v in vars(args).items()},
         "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
         "moe_impl": args.moe_impl, "experts_impl": args.experts_impl, "batch_size": args.batch_size, "error": error,
