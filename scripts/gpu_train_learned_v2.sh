@@ -45,7 +45,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     --set moe_intermediate_size=8"
   WIDE="8 4"; HELD="14 6"; NEW=9; GNEW=5; PROMPT=48; BATCH=8; TOKDOM=256
 else
-  DEV=cuda; TRAIN_MIN=8.75; TRAIN_TIMEOUT=548; RESERVE=50; FIN_MIN=3.0; FRESH_MIN=3.0; SIB_MIN=1.1; SIB_TIMEOUT=90; SIB_RESERVE=18
+  DEV=cuda; TRAIN_MIN=${TRAIN_MIN:-8.75}; TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-548}; RESERVE=50; FIN_MIN=3.0; FRESH_MIN=3.0; SIB_MIN=1.1; SIB_TIMEOUT=90; SIB_RESERVE=18
   # 24 MoE layers x 128 experts top-8 (Qwen3-30B-A3B's routing shape), hidden 512, 8 heads x 64, 4 KV heads,
   # expert FFN 128: 0.65 B params (1.3 GB bf16), 16 k tokens a step; --pick-impl-steps times the dense path
   # against HF grouped_mm on the real shapes and keeps the faster.
