@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the composed fast mode (CUDA): --online-cache lfru (unless another policy is given) with --cpu-experts; "
                         "per small step the CPU split runs first and takes the coldest misses, the cache promotes from the "
                         "link's share; pipe rates measured at start-up, shown in /reap/status (not token-identical: bf16 tolerance)")
-    stage = p.add_argument_group("prefill staging (opt-in; token-identical; speed not yet measured on a GPU)")
+    stage = p.add_argument_group("prefill staging (opt-in; token-identical; TTFT with vLLM not measured yet)")
     stage.add_argument("--prefill-staging-rows", type=int, default=None,
                        help="device rows per MoE layer bank (on CUDA one region shared by every layer) that a large step's most-routed "
                             "missed experts are copied into once each, instead of the fused kernel re-reading their host rows per M-block "
