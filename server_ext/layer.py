@@ -81,6 +81,51 @@ def local_ranks() -> tuple[int, int]:
         return 0, 1
 
 
+_KERNEL_QC_OPERANDS = ("w1_scale", "w2_scale", "w1_bias", "w2_bias", "w1_zp", "w2_zp")
+_KERNEL_EXPERTS_OPERANDS = ("w13_g_idx", "w2_g_idx", "w13_g_idx_sort_indices", "w2_g_idx_sort_indices", "w1_scale", "w2_scale",
+                            "w1_zp", "w2_zp", "w1_bias", "w2_bias")
+
+
+def kernel_operand_problem(layer_id: int, quant_method: Any, bank: ExpertBank) -> str | None:
+    """Why the fused kernel of ``quant_method`` cannot run on ``bank``'s physical rows, or None.
+
+    Pure over duck-typed objects (the unit tests pass stand-ins): a monolithic kernel routes inside
+    itself, so the layer's remapped ids never reach it; a per-expert tensor the kernel's quant config or
+    experts object holds that is not one of the bank's tensors has ``num_experts`` rows, not the bank's,
+    and would be read past its end at host-row ids."""
+    name = type(quant_method).__name__
+    kernel = getattr(quant_method, "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    try:
+        monolithic = bool(getattr(quant_method, "is_monolithic", False))
+    except Exception:  # a property that needs state this quant method lacks: judged by its kernel below
+        monolithic = False
+    if not monolithic and experts is not None:
+        flag = getattr(experts, "is_monolithic", None)
+        try:
+            monolithic = bool(flag() if callable(flag) else flag)
+        except Exception:
+            monolithic = False
+    if monolithic:
+        return (f"layer {layer_id}: {name} runs a monolithic fused-MoE kernel ({type(experts).__name__ if experts is not None else 'no modular experts'}) "
+                f"that routes inside the kernel; expert residency remaps the router's ids before vLLM's modular kernel and cannot serve it "
+                f"(serve without residency, or pick a modular MoE backend)")
+    ours = {p.data.data_ptr() for p in bank.params.values()}
+    for owner, attrs in ((getattr(quant_method, "moe_quant_config", None), _KERNEL_QC_OPERANDS), (experts, _KERNEL_EXPERTS_OPERANDS)):
+        if owner is None:
+            continue
+        for attr in attrs:
+            try:
+                t = getattr(owner, attr)
+            except (AssertionError, AttributeError):  # not a plain tensor in this config
+                continue
+            if (isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == bank.num_experts and t.numel() > 0
+                    and t.data_ptr() not in ours):
+                return (f"layer {layer_id}: {name}'s kernel holds its own per-expert {attr} {tuple(t.shape)}, not the bank's; "
+                        f"expert residency cannot remap it (serve without residency)")
+    return None
+
+
 def make_backing(device: torch.device) -> Any:
     if device.type == "cuda":
         from .bank.cuda_vmm import VmmBacking
@@ -173,9 +218,10 @@ class ResidentRoutedExperts(RoutedExperts):
         if bank is None:
             bank = ExpertBank(self.reap_layer_id, params, self.reap_phys_map, self.reap_slots, backing, staging_rows=staging)
         self.reap_bank = bank
-        self.reap_bank_rows = [p.data for p in bank.params.values()]
+        self.reap_bank_rows = [p.data for n, p in bank.params.items() if bank.row_bytes[n] > 0]
         """Every per-expert parameter's bank tensor, bound once here (the bank never rebinds them): the
-        promotion step's copy list, not rebuilt per layer step."""
+        promotion step's copy list, not rebuilt per layer step. Zero-byte rows (GPTQ-Marlin's ``[E, 0]``
+        g_idx without act order) have nothing to copy and are left out (a Triton grid of zero chunks)."""
         self._check_kernel_operands()
         self.reap_host_offset = self.reap_bank.table.host_row_offset
         stats = self.reap_bank.swap(start)
@@ -211,21 +257,16 @@ class ResidentRoutedExperts(RoutedExperts):
     def _check_kernel_operands(self) -> None:
         """The fused kernel reads scales and biases at the physical row ids, so the tensors its quant
         config holds must be the bank's (vLLM keeps the Parameter objects whose ``.data`` the bank
-        rebinds). A per-expert copy taken earlier would be read past its end: refused at load."""
+        rebinds). A per-expert copy taken earlier would be read past its end: refused at load. The same
+        holds for what the experts object keeps (Marlin's act-order ``g_idx`` / sort indices, when a vLLM
+        passes them at kernel build). A monolithic kernel (routing inside the kernel: FlashInfer TRT-LLM
+        MXINT4 / FP8 / NVFP4 on Blackwell) never sees the remapped ids: refused, naming it."""
         bank = self.reap_bank
-        qc = getattr(self.quant_method, "moe_quant_config", None)
-        if bank is None or qc is None:
+        if bank is None:
             return
-        ours = {p.data.data_ptr() for p in bank.params.values()}
-        for attr in ("w1_scale", "w2_scale", "w1_bias", "w2_bias", "w1_zp", "w2_zp"):
-            try:
-                t = getattr(qc, attr)
-            except (AssertionError, AttributeError):  # not a plain tensor in this config
-                continue
-            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == bank.num_experts and t.data_ptr() not in ours:
-                raise reap_config.ResidencyConfigError(
-                    f"layer {self.reap_layer_id}: {type(self.quant_method).__name__}'s kernel holds its own per-expert {attr} "
-                    f"{tuple(t.shape)}, not the bank's; expert residency cannot remap it (serve without residency)")
+        refuse = kernel_operand_problem(self.reap_layer_id, self.quant_method, bank)
+        if refuse:
+            raise reap_config.ResidencyConfigError(refuse)
 
     def _check_cpu_path_allowed(self, cfg: reap_config.ResidencyConfig, device: torch.device) -> None:
         if device.type != "cuda":

@@ -31,12 +31,19 @@ SIDE_MAX_ROW_BYTES = 64 * 2**10
 """A per-expert parameter over this stays in the paged bank whatever its name (device memory is the
 thing residency saves; 64 KiB x (rows) per tensor is a rounding error beside a slot row)."""
 
-_SIDE_NAME = re.compile(r"(scale|zero|bias|g_idx|perm|alpha|beta)", re.IGNORECASE)
+_SIDE_NAME = re.compile(r"(scale|zero|bias|g_idx|perm|alpha|beta|_weight_shape$)", re.IGNORECASE)
+"""``*_weight_shape``: compressed-tensors' per-expert ``[E, 2]`` record of each packed matrix's shape
+(``w13_weight_shape``, ``w2_weight_shape``, 4 B a row), read at load only; banked, its 4-byte rows
+would need ``page / 4`` rows before a page-aligned host region, as FP8's per-tensor scales did."""
 
 
 def is_side_tensor(name: str, row_bytes: int) -> bool:
-    """Scales, zero points, biases, group indices: by name, and only when small. The weight matrices
-    (``w13_weight``, ``w2_weight``, ``*qweight*``) are never side tensors."""
+    """Scales, zero points, biases, group indices (and act-order sort indices), shape records: by name,
+    and only when small. Zero-byte rows (GPTQ-Marlin's ``[E, 0]`` g_idx without act order) are side
+    tensors whatever their name. The weight matrices (``w13_weight``, ``w2_weight``, ``*qweight*``,
+    ``*_weight_packed``) are never side tensors."""
+    if row_bytes == 0:
+        return True
     return row_bytes <= SIDE_MAX_ROW_BYTES and _SIDE_NAME.search(name) is not None
 
 
