@@ -33,16 +33,30 @@ def apply_environment(spec: dict[str, Any]) -> None:
 
     os.environ[cp.ENV_CPU_EXPERTS] = "1"
     cores = sorted(os.sched_getaffinity(0))
-    if not os.environ.get("REAP_CPU_EXPERT_CPUS") and len(cores) > RESERVED_FOR_VLLM + 1:
-        os.environ["REAP_CPU_EXPERT_CPUS"] = ",".join(str(c) for c in cores[RESERVED_FOR_VLLM:])
-    ours = set(CpuThreads.parse_cpus(os.environ.get("REAP_CPU_EXPERT_CPUS", "")))
+    tp = int(spec.get("tensor_parallel_size") or 1)
+    if tp > 1:  # one core list per rank (server_ext/cpu_experts/cores.py), after RESERVED_PER_RANK x N cores left to vLLM
+        from reap_swap.benchmarks import tp as tpm
+        from reap_swap.server_ext.cpu_experts.cores import parse_rank_lists
+
+        lists = tpm.rank_core_lists(cores, tp)
+        if not os.environ.get("REAP_CPU_EXPERT_CPUS") and lists:
+            os.environ["REAP_CPU_EXPERT_CPUS"] = tpm.core_spec(lists)
+        ours = {c for cs in parse_rank_lists(os.environ.get("REAP_CPU_EXPERT_CPUS", "")) for c in cs}
+    else:
+        if not os.environ.get("REAP_CPU_EXPERT_CPUS") and len(cores) > RESERVED_FOR_VLLM + 1:
+            os.environ["REAP_CPU_EXPERT_CPUS"] = ",".join(str(c) for c in cores[RESERVED_FOR_VLLM:])
+        ours = set(CpuThreads.parse_cpus(os.environ.get("REAP_CPU_EXPERT_CPUS", "")))
     rest = set(cores) - ours
     if ours and rest:
         os.sched_setaffinity(0, rest)  # vLLM's threads (started after this) stay off the team's cores
 
 
 def stats(llm: Any, reset: bool = True) -> dict[str, Any]:
-    return llm.collective_rpc("reap_cpu_path_stats", args=(reset,))[0]
+    """Rank 0's counters; with several ranks every rank's under ``by_rank`` (each rank's team computes its
+    shard of the same missed experts: equal counts, its own GB/s)."""
+    from reap_swap.benchmarks.tp import by_rank
+
+    return by_rank(llm.collective_rpc("reap_cpu_path_stats", args=(reset,)), same=("missed_experts",))
 
 
 def with_link(cpu: dict[str, Any], decode_tok_s: float | None, batch: int, expert_bytes: int) -> dict[str, Any]:

@@ -54,7 +54,8 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         max_model_len=spec["max_model_len"],
         enable_prefix_caching=False,
         seed=0,
-        max_num_seqs=spec["batch"],
+        max_num_seqs=spec.get("max_num_seqs") or spec["batch"],
+        tensor_parallel_size=int(spec.get("tensor_parallel_size") or 1),
     )
     if spec.get("max_batched_tokens"):
         kw.update(max_num_batched_tokens=spec["max_batched_tokens"], enable_chunked_prefill=True)
@@ -172,12 +173,15 @@ def moe_kernel_info(model: Any) -> dict[str, Any]:
     return {"error": "no MoE layer with a quant method found"}
 
 
-def _versions() -> dict[str, Any]:
+def _versions(spec: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
     import vllm
 
     out: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
-    if torch.cuda.is_available():
+    tp = int((spec or {}).get("tensor_parallel_size") or 1)
+    if tp > 1:  # no CUDA context in the arm process: the ranks run in vLLM's worker processes (see _memory)
+        out["tensor_parallel_size"] = tp
+    elif torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name()
     try:
         import triton
@@ -188,16 +192,59 @@ def _versions() -> dict[str, Any]:
     return out
 
 
-def _memory(spec: dict[str, Any], init_s: float) -> dict[str, Any]:
+def _worker_gpu(worker: Any) -> dict[str, Any]:
+    """In a worker (``collective_rpc``): its GPU's name and the bytes in use on it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu": None, "gpu_used_gib": None}
+    free, total = torch.cuda.mem_get_info()
+    return {"gpu": torch.cuda.get_device_name(), "device": torch.cuda.current_device(), "gpu_used_gib": (total - free) / 2**30}
+
+
+def _worker_host_memory(worker: Any) -> dict[str, Any]:
+    from reap_swap.server_ext.bank.host_memory import process_memory
+
+    return process_memory()
+
+
+def _memory(spec: dict[str, Any], init_s: float, llm: Any = None) -> dict[str, Any]:
     import torch
 
     mem: dict[str, Any] = {"llm_init_s": init_s}
-    if torch.cuda.is_available():
+    if int(spec.get("tensor_parallel_size") or 1) > 1 and llm is not None:  # per rank, read in each worker
+        ranks = llm.collective_rpc(_worker_gpu)
+        mem["by_rank"] = ranks
+        used = [r["gpu_used_gib"] for r in ranks if r.get("gpu_used_gib") is not None]
+        mem["gpu_used_gib"] = max(used) if used else None  # the fullest GPU
+        mem["gpu"] = ranks[0].get("gpu")
+        if used:
+            mem["kv_cache_gib"] = spec["kv_cache_gib"]
+    elif torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
         mem["gpu_used_gib"] = (total - free) / 2**30
         mem["kv_cache_gib"] = spec["kv_cache_gib"]
     mem["pinned_host_gib"] = float(spec.get("offload_gib") or 0.0)
     return mem
+
+
+def pinned_host_gib(infos: list[dict[str, Any]]) -> float:
+    """Pinned host memory of reap-swap's banks and accounting, summed over the ranks' ``reap_install`` answers."""
+    return sum(i["memory"]["host_bank_gib"] + i["memory"]["accounting_pinned_mib"] / 1024 for i in infos)
+
+
+def on_model(llm: Any, fn: Callable[[Any], Any]) -> list[Any]:
+    """``llm.apply_model(fn)`` on every rank. With several ranks vLLM's multiprocess executor sends
+    ``apply_model``'s argument through its message queue with plain pickle, which refuses closures
+    (``llm_probe.reseed_gates``); a callable *method* is cloudpickled (``MultiprocExecutor.collective_rpc``),
+    so ``fn`` travels inside one."""
+    if getattr(getattr(llm, "llm_engine", None), "vllm_config", None) is not None and \
+            int(llm.llm_engine.vllm_config.parallel_config.world_size) > 1:
+        def call(worker: Any) -> Any:
+            return fn(worker.get_model())
+
+        return llm.collective_rpc(call)
+    return llm.apply_model(fn)
 
 
 REAP_KERNELS = ("remap_capture_kernel", "accumulate_kernel", "_policy_kernel", "_promote_kernel", "_exchange_kernel", "_promotions_kernel",
@@ -267,7 +314,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     from reap_swap.benchmarks import llm_probe as probe
 
     res.save("spec", spec)
-    res.save("versions", _versions())
+    res.save("versions", _versions(spec))
     kw = _engine_kwargs(spec)
     res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
     from vllm import LLM
@@ -276,15 +323,16 @@ def run(spec: dict[str, Any], res: Results) -> None:
         res.save("int_dummies_patched", deterministic_int_dummies())
     t = time.perf_counter()
     llm = LLM(**kw)
-    res.save("memory", _memory(spec, time.perf_counter() - t))
-    res.save("moe_kernel", llm.apply_model(moe_kernel_info)[0])
+    res.save("memory", _memory(spec, time.perf_counter() - t, llm))
+    res.save("moe_kernel", on_model(llm, moe_kernel_info)[0])
     reap = spec["kind"] == "reap"
     if reap:
-        info = llm.collective_rpc("reap_install")[0]
+        infos = llm.collective_rpc("reap_install")
+        info = infos[0]
         res.save("reap_install", {k: v for k, v in info.items() if k != "resident"})
-        res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
+        res.data["memory"]["pinned_host_gib"] = pinned_host_gib(infos)
         res.save("memory", res.data["memory"])
-    res.save("gates_reseeded", llm.apply_model(probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
+    res.save("gates_reseeded", on_model(llm, probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
 
     bs1 = probe.random_prompts(1, spec["prompt_len"], spec["vocab"], seed=0)
     bs8 = probe.random_prompts(spec["batch"], spec["prompt_len"], spec["vocab"], seed=1)
@@ -364,18 +412,18 @@ def _sweep(llm: Any, spec: dict[str, Any], res: Results, bs1: list[dict[str, lis
     rows = {int(k.removeprefix("layer_")): v for k, v in resident.items()}
     calibration = []
     for f in spec["sweep"]["grid"]:
-        llm.apply_model(probe.scale_gate_rows(rows, f))
+        on_model(llm, probe.scale_gate_rows(rows, f))
         calibration.append((f, probe.decode_hits(llm, bs1, spec["sweep"]["calib_gen"])["hit_rate_decode"]))
     res.save("sweep_calibration", calibration)
     points = []
     for f in probe.interpolate_factors(calibration, spec["sweep"]["targets"]):
-        llm.apply_model(probe.scale_gate_rows(rows, f))
+        on_model(llm, probe.scale_gate_rows(rows, f))
         r = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
         r.pop("tokens")
         h = probe.decode_hits(llm, bs1, spec["gen"])
         points.append({"factor": f, "hit_rate": h["hit_rate_decode"], "decode_tok_s": r["decode_tok_s"], "tn_s": r["tn_s"], "t1_s": r["t1_s"]})
         res.save("sweep", points)
-    llm.apply_model(probe.scale_gate_rows(rows, 1.0))
+    on_model(llm, probe.scale_gate_rows(rows, 1.0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,11 @@ and is the same in every arm.
 With ``--trace T --sets S`` the arms run on learned routing instead (every MoE
 layer replays a trained model's trace): see ``learned.bench`` for its arms and
 the H200 command lines.
+
+With ``--tensor-parallel-size N`` every arm's engine runs on N GPUs (``tensor_parallel_size=N``): reap
+arms keep their slots per layer, stock offload's ``cpu_offload_gb`` (counted per GPU by vLLM) becomes
+the one-GPU figure / N, the CPU path's teams get one core list per rank, and ratio keys carry
+``_tp{N}`` (``fast_vs_stock_offload_tp2_bs1``): see ``benchmarks/tp.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from reap_swap.paths import bundled_model_dir
 
 from .learned import bench as learned_bench
 from .learned import report as learned_report
+from . import tp as tpm
 from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
@@ -74,10 +80,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "reps": args.reps,
         "gate_seed": 1000,
         "gate_scale": 1e-3,
+        "tensor_parallel_size": args.tensor_parallel_size,
     }
     if args.quantization:
         base["quantization"] = args.quantization
     offload = shape.offload_gib_for_slots(slots30) * (1 / shape.dtype_bytes if args.quantization else 1.0)  # FP8: 1 byte a weight
+    offload = tpm.offload_gib_per_rank(offload, args.tensor_parallel_size)  # cpu_offload_gb is per GPU; each rank holds 1/N of every expert
     specs = {
         "stock_gpu": {**base, "name": "stock_gpu", "kind": "stock", "profile_steps": args.profile_steps},
         "stock_offload": {**base, "name": "stock_offload", "kind": "stock", "offload_gib": offload},
@@ -98,7 +106,11 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
                           "env": {"REAP_PREFILL_STAGING_ROWS": str(args.staging_rows or shape.experts - slots30),
                                   "REAP_PREFILL_STAGING_MIN_STEP_TOKENS": str(args.staging_min_step_tokens)}},
     }
-    return [specs[a] for a in args.arms]
+    out = [specs[a] for a in args.arms]
+    if args.tensor_parallel_size > 1:  # the profiler runs in the arm process; with TP the forward runs in worker processes
+        for spec in out:
+            spec.pop("profile_steps", None)
+    return out
 
 
 def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) -> dict[str, Any]:
@@ -146,6 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quantization", choices=["fp8", "fp8-block"],
                    help="FP8 experts in every arm: fp8 = vLLM quantizes at load (per-tensor scales), fp8-block = an FP8 "
                         "checkpoint's [128, 128] block scales (dummy weights either way); not with the reap_30_cpu arm")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs per arm (vLLM's tensor_parallel_size): stock offload's cpu_offload_gb is divided by it (vLLM counts it "
+                        "per GPU), reap arms keep their slots per layer, ratio keys get a _tp<N> suffix; no profile with N > 1")
     p.add_argument("--deadline-s", type=float, default=580.0, help="wall-clock budget for all arms")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/bench_gpu.json"), help="result JSON")
     p.add_argument("--md", type=Path, help="markdown table (default: --out with .md)")
@@ -158,6 +173,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learned.add_argument("--trace-layers", help="trace layers feeding the model's MoE layers, comma-separated (default: 1:1, or spread evenly)")
     learned.add_argument("--requests", type=int, default=8, help="trace requests timed at batch 1 (spread evenly over those with >= --gen decode rows)")
     learned.add_argument("--groups", type=int, default=2, help="groups of --batch consecutive trace requests timed together")
+    learned.add_argument("--extra-batches", default="",
+                         help="more batch sizes timed like --batch, comma-separated (e.g. 32: keys bs32; one group each unless the "
+                              "trace holds more, up to --groups); not with the classifier arms (their sets are per --batch group)")
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
     # the CPU expert path (and the fast mode, which runs it) needs CUDA: asked for by name
@@ -188,6 +206,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--staging-rows must be in [1, {shape.experts}], got {args.staging_rows}")
     if args.staging_min_step_tokens < 1:
         p.error(f"--staging-min-step-tokens must be >= 1, got {args.staging_min_step_tokens}")
+    try:
+        args.extra_batches = sorted({int(x) for x in args.extra_batches.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--extra-batches takes batch sizes like 32 or 16,32, got {args.extra_batches!r}")
+    if args.extra_batches and not args.trace:
+        p.error("--extra-batches runs with --trace (the learned-routing arms)")
+    if any(b < 2 or b == args.batch for b in args.extra_batches):
+        p.error(f"--extra-batches must be >= 2 and differ from --batch {args.batch}, got {args.extra_batches}")
+    if args.extra_batches and any("classifier" in a for a in args.arms):
+        p.error("--extra-batches cannot run the classifier arms (the sets file has classifier sets per --batch group only)")
+    count = None
+    if args.device == "cuda" and args.tensor_parallel_size > 1:
+        import torch
+
+        count = torch.cuda.device_count()
+    problem = tpm.check(shape, args.tensor_parallel_size, device=args.device, quantization=args.quantization, device_count=count)
+    if problem:
+        p.error(problem)
     return args
 
 
@@ -227,10 +263,13 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
     deadline = time.monotonic() + args.deadline_s
     raw: dict[str, dict[str, Any]] = {}
     ref_tokens: tuple[Any, Any] = (None, None)
+    ref_extra: dict[str, Any] = {}  # --extra-batches: stock_gpu's ids per extra batch key (bs32, ...)
     longest = 0.0  # the slowest finished arm's wall time (the estimate for the next one)
     for spec in specs:
         left = deadline - time.monotonic()
         spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens
+        for extra in spec.get("extra_batches") or []:
+            spec[f"ref_tokens_{extra['key']}"] = ref_extra.get(extra["key"])
         done = workdir / f"{spec['name']}.json"
         old = json.loads(done.read_text()) if args.resume and done.is_file() else {}
         same = {k: v for k, v in old.get("spec", {}).items() if not k.startswith("ref_tokens")} == json.loads(
@@ -247,21 +286,24 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
             longest = max(longest, float(raw[spec["name"]]["done_s"]))
         if spec["name"] == "stock_gpu":
             ref_tokens = (raw["stock_gpu"].get("tokens_bs1"), raw["stock_gpu"].get("tokens_bs8"))
+            ref_extra = {e["key"]: raw["stock_gpu"].get(f"tokens_{e['key']}") for e in spec.get("extra_batches") or []}
     return raw
 
 
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
+    tp = int(settings.get("tensor_parallel_size") or 1)
     return {
         **run_header(raw, shape, date, command, settings),
+        "tensor_parallel_size": tp,
         "decode_estimator": (
             "batch / median decode-step time over all timed runs (end-to-end estimate in *_e2e)"
             if any("decode_tok_s_e2e" in (r.get("bs1") or {}) for r in raw.values())
             else "(gen - 1) * batch / (median T_gen - median T_1) over the timed runs (runs before the step-median estimator)"
         ),
         "arms": arms,
-        "ratios": ratios(arms),
+        "ratios": tpm.tp_ratios(ratios(arms), tp),
         "syncs_per_decode_step": syncs,
         "syncs_per_decode_step_stock": syncs_stock,
         "syncs_added_per_decode_step": syncs - syncs_stock if syncs is not None and syncs_stock is not None else None,

@@ -22,11 +22,15 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     missed = _get(raw, "hits_bs1", "missed_pairs_per_token")
     if spec.get("kind") == "stock":
         # Stock decode reads every routed expert of each offloaded layer over the link.
-        offloaded_layers = (spec.get("offload_gib") or 0.0) * 2**30 / (shape.experts * shape.expert_bytes)
+        # (cpu_offload_gb is per GPU and each of the tensor_parallel_size ranks holds 1/N of every expert;
+        # link bytes count every rank's link)
+        tp = int(spec.get("tensor_parallel_size") or 1)
+        offloaded_layers = (spec.get("offload_gib") or 0.0) * 2**30 / (shape.experts * shape.expert_bytes / tp)
         link_bytes = offloaded_layers * shape.top_k * shape.expert_bytes
     else:
         link_bytes = missed * shape.expert_bytes if missed is not None else None
     return {
+        "tensor_parallel_size": int(spec.get("tensor_parallel_size") or 1),
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
         "decode_tok_s_bs8": _get(raw, "bs8", "decode_tok_s"),
         "decode_tok_s_bs1_e2e": _get(raw, "bs1", "decode_tok_s_e2e"),
@@ -56,7 +60,8 @@ def run_header(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: s
     return {
         "date": date,
         "command": command,
-        "gpu": versions.get("gpu"),
+        # with tensor parallelism the arm process holds no CUDA context: the GPU's name comes from the workers
+        "gpu": versions.get("gpu") or next((r["memory"]["gpu"] for r in raw.values() if (r.get("memory") or {}).get("gpu")), None),
         "vllm": versions.get("vllm"),
         "torch": versions.get("torch"),
         "versions": versions,

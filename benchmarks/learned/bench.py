@@ -45,6 +45,7 @@ from typing import Any
 
 from reap_swap.planning import traces
 
+from .. import tp as tpm
 from .inputs import (
     SetsError,
     classifier_set,
@@ -84,8 +85,10 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
     bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
+    extra = {b: extra_groups(trace, b, args.groups, args.gen_bs8) for b in getattr(args, "extra_batches", None) or []}
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs])
+    longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs] + [q for gs in extra.values() for reqs in gs for q in reqs])
+    tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     base = {
         "runner": RUNNER,
         "model": str(model_dir),
@@ -109,7 +112,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "requests_bs1": [q.as_dict() for q in bs1],
         "groups_bs8": groups,
         "prompt_seed": 0,
+        "tensor_parallel_size": tp,
     }
+    if extra:  # --extra-batches: timed like bs8, keys bs<B>; the engine takes the largest batch
+        base["extra_batches"] = [{"batch": b, "key": f"bs{b}", "groups": [{"group": reqs[0].index // b, "requests": [q.as_dict() for q in reqs]}
+                                                                         for reqs in gs]} for b, gs in extra.items()]
+        base["max_num_seqs"] = max([args.batch, *extra])
     fixed = {"reap_static": model_target(sets.static, trace, trace_layers), "reap_plan": model_target(sets.plan, trace, trace_layers)}
     per_request = per_group = None
     if classifier:
@@ -129,6 +137,10 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
             runs8 = [(reqs, membership(fixed[arm], shape.experts)) for reqs in bs8]
         spec["offline"] = {"bs1": offline_rates(trace, trace_layers, runs1), "bs8": offline_rates(trace, trace_layers, runs8)}
         spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
+        if arm != "reap_classifier":
+            for b, gs in extra.items():
+                spec["offline"][f"bs{b}"] = offline_rates(trace, trace_layers, [(reqs, membership(fixed[arm], shape.experts)) for reqs in gs])
+                spec["predicted"][f"bs{b}"] = predicted(sets.scores, score_bs8)
         return spec
 
     def fast_classifier_arm() -> dict[str, Any]:
@@ -142,12 +154,17 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         # offline replay of a fixed set applies (``reap-swap simulate --policies lfru_cap`` is the
         # rule's offline estimate over one stream).
         prior = fixed["reap_static"]
-        return {**spec, "name": "reap_cache", "online_cache": "lfru", "offline": None, "predicted": None,
-                "per_request": {str(q.index): prior for q in bs1}, "per_group": {str(g["group"]): prior for g in groups}}
+        out = {**spec, "name": "reap_cache", "online_cache": "lfru", "offline": None, "predicted": None,
+               "per_request": {str(q.index): prior for q in bs1}, "per_group": {str(g["group"]): prior for g in groups}}
+        if extra:
+            out["per_group_extra"] = {f"bs{b}": {str(reqs[0].index // b): prior for reqs in gs} for b, gs in extra.items()}
+        return out
 
     builders = {
         "stock_gpu": lambda: {**base, "name": "stock_gpu", "kind": "stock"},
-        "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock", "offload_gib": shape.offload_gib_for_slots(sets.slots)},
+        # cpu_offload_gb is per GPU: with TP each rank holds 1/N of every expert (benchmarks/tp.py)
+        "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock",
+                                  "offload_gib": tpm.offload_gib_per_rank(shape.offload_gib_for_slots(sets.slots), tp)},
         "reap_static": lambda: reap("reap_static", "static_topk", "static_topk"),
         "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
         "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),
@@ -169,10 +186,22 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "scores": {k: {f: v.get(f) for f in ("hit_rate_decode", "hit_rate_prefill", "requests")} if isinstance(v, dict) else v
                    for k, v in sets.scores.items()},
         "workload": {"bs1": [q.index for q in bs1], "groups_bs8": [g["group"] for g in groups], "gen": args.gen, "gen_bs8": args.gen_bs8,
-                     "reps": args.reps, "prompt_lens_bs1": [q.prompt_len for q in bs1]},
+                     "reps": args.reps, "prompt_lens_bs1": [q.prompt_len for q in bs1],
+                     **{f"groups_bs{b}": [reqs[0].index // b for reqs in gs] for b, gs in extra.items()}},
+        "tensor_parallel_size": tp,
     }
     specs = [builders[a]() for a in args.arms]
     for spec in specs:
-        if spec["name"] in PROFILED and args.profile_steps:
+        if spec["name"] in PROFILED and args.profile_steps and tp == 1:  # with TP the forward runs in worker processes
             spec["profile_steps"] = args.profile_steps
     return specs, context
+
+
+def extra_groups(trace: Any, batch: int, groups: int, gen: int) -> list[list[Any]]:
+    """Up to ``groups`` groups of ``batch`` consecutive decodable trace requests (as many as the trace holds, at least one)."""
+    for count in range(max(1, groups), 0, -1):
+        try:
+            return groups_bs8(trace, batch, count, gen)
+        except SetsError:
+            continue
+    raise SetsError(f"the trace holds no complete group of {batch} decodable requests (--extra-batches {batch})")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import tp as tpm
 from ..gpu_report import _fmt, _get, _ratio, run_header
 from ..shapes import MoeShape
 
@@ -31,7 +32,21 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     def agree(measured: Any, offline: Any) -> bool | None:
         return abs(measured - offline) < 1e-9 if measured is not None and offline is not None else None
 
+    extra = {}
+    for e in spec.get("extra_batches") or []:  # --extra-batches: bs32 ... beside bs1 / bs8
+        key = e["key"]
+        extra.update({f"decode_tok_s_{key}": _get(raw, key, "decode_tok_s"), f"decode_tok_s_{key}_e2e": _get(raw, key, "decode_tok_s_e2e"),
+                      f"ttft_ms_{key}": _get(raw, key, "ttft_ms"), f"hit_rate_decode_{key}": _get(hits, key, "hit_rate_decode"),
+                      f"hit_rate_decode_{key}_offline": _get(spec, "offline", key, "hit_rate_decode"),
+                      f"link_bytes_per_token_{key}": link(key), f"identical_ids_{key}": raw.get(f"identical_ids_{key}")})
+    tp = int(spec.get("tensor_parallel_size") or 1)
+    if tp > 1:
+        extra["gpu_used_gib_by_rank"] = [r.get("gpu_used_gib") for r in _get(raw, "memory", "by_rank") or []]
+        extra["trace_routing_attached_all_ranks"] = _get(raw, "trace_routing", "attached_all_ranks")
+        extra["accounting_ranks_agree"] = {k: _get(hits, k, "ranks_agree") for k in hits} if spec.get("kind") == "reap" else None
     return {
+        "tensor_parallel_size": tp,
+        **extra,
         "kind": spec.get("kind"),
         "slots": spec.get("slots"),
         "offload_gib": spec.get("offload_gib"),
@@ -78,24 +93,34 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     }
 
 
-def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+def batch_keys(arms: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """bs1, bs8 and any --extra-batches key (bs32 ...) an arm reports."""
+    extra = sorted({k.removeprefix("decode_tok_s_") for a in arms.values() for k in a
+                    if k.startswith("decode_tok_s_bs") and not k.endswith("_e2e") and k not in ("decode_tok_s_bs1", "decode_tok_s_bs8")},
+                   key=lambda b: int(b[2:]))
+    return ("bs1", "bs8", *extra)
+
+
+def ratios(arms: dict[str, dict[str, Any]], tp: int = 1) -> dict[str, float | None]:
+    """Decode tok/s ratios; with ``tp`` > 1 every key carries ``_tp<N>`` before its batch tag (``tp.ratio_key``)."""
     g = lambda arm, key: (arms.get(arm) or {}).get(key)  # noqa: E731
     out: dict[str, float | None] = {}
+    extra = batch_keys(arms)[2:]
     for arm in REAP_ARMS:
         if arm not in arms:
             continue
-        for bs in ("bs1", "bs8"):
+        for bs in ("bs1", "bs8", *extra):
             out[f"{arm}_vs_stock_offload_{bs}"] = _ratio(g(arm, f"decode_tok_s_{bs}"), g("stock_offload", f"decode_tok_s_{bs}"))
         for bs in ("bs1", "bs8"):
             out[f"{arm}_vs_stock_gpu_{bs}"] = _ratio(g(arm, f"decode_tok_s_{bs}"), g("stock_gpu", f"decode_tok_s_{bs}"))
         out[f"{arm}_vs_stock_offload_bs1_e2e"] = _ratio(g(arm, "decode_tok_s_bs1_e2e"), g("stock_offload", "decode_tok_s_bs1_e2e"))
     if "reap_fast" in arms:  # issue 25's acceptance keys (the composed mode, static prior)
-        for bs in ("bs1", "bs8"):
+        for bs in ("bs1", "bs8", *extra):
             for est in ("", "_e2e"):
                 out[f"fast_vs_stock_offload_{bs}{est}"] = _ratio(g("reap_fast", f"decode_tok_s_{bs}{est}"), g("stock_offload", f"decode_tok_s_{bs}{est}"))
         out["fast_vs_static_cpu_bs1"] = _ratio(g("reap_fast", "decode_tok_s_bs1"), g("reap_static_cpu", "decode_tok_s_bs1"))
         out["fast_vs_static_cpu_bs1_e2e"] = _ratio(g("reap_fast", "decode_tok_s_bs1_e2e"), g("reap_static_cpu", "decode_tok_s_bs1_e2e"))
-    return out
+    return tpm.tp_ratios(out, tp)
 
 
 def cache_summary(result: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,9 +197,11 @@ def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
 
 def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, command: str, settings: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
+    tp = int(settings.get("tensor_parallel_size") or 1)
     return {
         "mode": "learned",
         **run_header(raw, shape, date, command, settings),
+        "tensor_parallel_size": tp,
         "context": context,
         "decode_estimator": "batch / median duration of full-batch decode steps (every request past its first token, none finished; "
                             "the first such step of each run left out); *_e2e: decoded tokens / (wall - time to the last first token)",
@@ -186,7 +213,7 @@ def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, comman
         },
         "link_formula": LINK_FORMULA,
         "arms": arms,
-        "ratios": ratios(arms),
+        "ratios": ratios(arms, tp),
         "raw": raw,
     }
 
@@ -228,6 +255,16 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pair(mb(a['link_bytes_per_token_bs1']), mb(a['link_bytes_per_token_bs8']), '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
         )
+    extra = batch_keys(result["arms"])[2:]
+    if extra:
+        lines += ["", "| arm | " + " | ".join(f"decode tok/s {b} | hit rate {b} | identical ids {b}" for b in extra) + " |",
+                  "|---|" + "---|---|---|" * len(extra)]
+        for name, a in result["arms"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{_fmt(a.get(f'decode_tok_s_{b}'))} | {_fmt(a.get(f'hit_rate_decode_{b}'), '.3f')} | "
+                                                     f"{_fmt(a.get(f'identical_ids_{b}'))}" for b in extra) + " |")
+    if int(result.get("tensor_parallel_size") or 1) > 1:
+        lines += ["", f"tensor_parallel_size {result['tensor_parallel_size']}: stock offload's cpu_offload_gb is per GPU (each rank holds "
+                  "1/N of every expert); link MB/token counts every rank's link; GPU GiB is the fullest rank's."]
     lines += ["", "| ratio (decode tok/s) | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v, '.3f')} |" for k, v in result["ratios"].items()]
     checked = {n: a.get("replay_checked") for n, a in result["arms"].items() if a.get("replay_checked") is not None}
