@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
+from tests.bank_checks import check_random_swaps
 from reap_swap.server_ext.bank.bank_layout import MAX_PHYSICAL_ROWS, check_kernel_rows, page_layout
 from reap_swap.server_ext.bank.side_tensors import SIDE_MAX_ROW_BYTES, is_side_tensor, side_rows, split_params
 from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
@@ -145,14 +146,7 @@ def test_the_layout_keeps_scales_beside_the_paged_weights(block: bool) -> None:
 @pytest.mark.parametrize("block", [False, True])
 def test_swaps_move_scales_with_weights(block: bool) -> None:
     bank, orig = make_bank(block)
-    rng = np.random.default_rng(1)
-    for _ in range(12):
-        target = tuple(sorted(int(x) for x in rng.choice(E, size=int(rng.integers(0, S + 1)), replace=False)))
-        stats = bank.swap(target)
-        assert set(bank.resident()) == set(target)
-        assert stats.bytes_copied == stats.experts_loaded * bank.expert_bytes
-        assert_kernel_reads_the_logical_experts(bank, orig)
-        assert bank.verify() == []
+    check_random_swaps(bank, E, S, lambda: assert_kernel_reads_the_logical_experts(bank, orig))
 
 
 @pytest.mark.parametrize("block", [False, True])

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from reap_swap.server_ext.bank.bank import ComplementSpec, ExpertBank, PlainBacking
+from tests.bank_checks import check_random_swaps
 from reap_swap.server_ext.bank.bank_layout import MAX_PHYSICAL_ROWS, check_kernel_rows, page_layout
 from reap_swap.server_ext.bank.side_tensors import is_side_tensor, split_params
 from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
@@ -155,14 +156,7 @@ def test_the_layout_keeps_w4_side_tensors_beside_the_paged_weights(scheme: str, 
 @pytest.mark.parametrize(("scheme", "act_order"), CASES)
 def test_swaps_move_w4_side_tensors_with_weights(scheme: str, act_order: bool) -> None:
     bank, orig = make_bank(scheme, act_order)
-    rng = np.random.default_rng(1)
-    for _ in range(12):
-        target = tuple(sorted(int(x) for x in rng.choice(E, size=int(rng.integers(0, S + 1)), replace=False)))
-        stats = bank.swap(target)
-        assert set(bank.resident()) == set(target)
-        assert stats.bytes_copied == stats.experts_loaded * bank.expert_bytes
-        assert_kernel_reads_the_logical_experts(bank, orig)
-        assert bank.verify() == []
+    check_random_swaps(bank, E, S, lambda: assert_kernel_reads_the_logical_experts(bank, orig))
 
 
 @pytest.mark.parametrize(("scheme", "act_order"), CASES)
