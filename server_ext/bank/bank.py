@@ -38,12 +38,12 @@ class Backing(Protocol):
 
     name: str
 
-    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool) -> BankLayout:
-        """Backings that support prefill staging also take ``staging_rows: int`` (asked only when > 0)."""
+    def layout(self, num_slots: int, host_rows: int, row_bytes: list[int], pad: bool, staging_rows: int = 0) -> BankLayout:
+        """``staging_rows``: prefill staging rows between the slot and host rows (0: none)."""
         ...
 
-    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """With staging rows, also ``staging_key: str`` (the parameter's name: what may share a staging region)."""
+    def allocate(self, layout: BankLayout, row_stride: int, row_shape: tuple[int, ...], dtype: torch.dtype, staging_key: str = "") -> torch.Tensor:
+        """``staging_key``: the parameter's name (what may share a staging region across layers)."""
         ...
 
     def synchronize(self) -> None: ...
@@ -191,19 +191,14 @@ class ExpertBank:
             raise ValueError(f"layer {layer_id}: staging rows must be >= 0, got {staging_rows}")
         sizes = [self.row_bytes[n] for n in self.banked]
         pad = complement is None
-        # asked only when used: backings without staging keep their old signature
-        layout = self.layout = (backing.layout(num_slots, len(host_owner), sizes, pad, staging_rows=staging_rows) if staging_rows
-                                else backing.layout(num_slots, len(host_owner), sizes, pad=pad))
+        layout = self.layout = backing.layout(num_slots, len(host_owner), sizes, pad, staging_rows=staging_rows)
         host_offset = layout.host_row_offset
         self.table = SlotTable(num_experts, num_slots, host_offset)
         # Allocate every region first: a failed allocation (e.g. pinning) changes nothing.
         phys: dict[str, torch.Tensor] = {}
         try:
             for n, stride in zip(self.banked, layout.row_strides):
-                if layout.staging_rows:
-                    phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype, staging_key=n)
-                else:
-                    phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype)
+                phys[n] = backing.allocate(layout, stride, tuple(params[n].shape[1:]), params[n].dtype, staging_key=n)
         except BaseException:
             for t in phys.values():
                 backing.free(t)
