@@ -51,6 +51,7 @@ from reap_swap.paths import bundled_model_dir
 
 from .learned import bench as learned_bench
 from .learned import report as learned_report
+from .learned.arm import without_refs
 from . import tp as tpm
 from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
 from .shapes import SHAPES, write_model_dir
@@ -118,6 +119,8 @@ def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) ->
     out_path = workdir / f"{spec['name']}.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)  # a stale result must not pass for this run's
+    if spec.get("also"):
+        Path(spec["also"]["out"]).unlink(missing_ok=True)
     cmd = [sys.executable, "-m", spec.get("runner", "reap_swap.benchmarks.gpu_arm"), str(spec_path), str(out_path)]
     t = time.perf_counter()
     with log.open("ab") as fh:
@@ -173,6 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learned.add_argument("--trace-layers", help="trace layers feeding the model's MoE layers, comma-separated (default: 1:1, or spread evenly)")
     learned.add_argument("--requests", type=int, default=8, help="trace requests timed at batch 1 (spread evenly over those with >= --gen decode rows)")
     learned.add_argument("--groups", type=int, default=2, help="groups of --batch consecutive trace requests timed together")
+    learned.add_argument("--also-trace", type=Path,
+                         help="a second trace run by every arm on the same engine after --trace's workload (one engine build, two "
+                              "workloads; not with --tensor-parallel-size > 1): same slots and trace layers; needs --also-sets, --also-out")
+    learned.add_argument("--also-sets", type=Path, help="expert sets for --also-trace")
+    learned.add_argument("--also-out", type=Path, help="result JSON of the --also-trace workload (its own table beside it)")
     learned.add_argument("--extra-batches", default="",
                          help="more batch sizes timed like --batch, comma-separated (e.g. 32: keys bs32; one group each unless the "
                               "trace holds more, up to --groups); not with the classifier arms (their sets are per --batch group)")
@@ -186,6 +194,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown arm(s) {bad}; choose from {', '.join(names)}")
     if args.trace and not args.sets:
         p.error("--trace needs --sets")
+    if args.also_trace and not (args.trace and args.also_sets and args.also_out):
+        p.error("--also-trace needs --trace, --also-sets and --also-out")
+    if (args.also_sets or args.also_out) and not args.also_trace:
+        p.error("--also-sets and --also-out go with --also-trace")
+    if args.also_trace and args.tensor_parallel_size > 1:
+        p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
+    if args.also_out and args.also_out.resolve() == args.out.resolve():
+        p.error("--also-out must differ from --out")
     if args.quantization and (args.trace or any(a.endswith("_cpu") for a in args.arms)):
         p.error("--quantization runs the synthetic arms without the CPU expert path (--cpu-experts computes unquantized experts only)")
     args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
@@ -234,15 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         # Table and summary again from a finished run's raw arm results (e.g. after the report changed).
         old = json.loads(args.rebuild.read_text())
         if old.get("mode") == "learned":
-            return _write(learned_report.summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {}), old.get("context", {})), args)
-        return _write(summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {})), args)
+            return _write(learned_report.summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {}), old.get("context", {})),
+                          args, args.out)
+        return _write(summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {})), args, args.out)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if args.device == "cuda" else "float32")
     context: dict[str, Any] = {}
+    also_context: dict[str, Any] = {}
     if args.trace:
         try:
             specs, context = learned_bench.build_specs(args, model_dir, shape)
+            if args.also_trace:
+                second = argparse.Namespace(**{**vars(args), "trace": args.also_trace, "sets": args.also_sets})
+                also_specs, also_context = learned_bench.build_specs(second, model_dir, shape)
+                specs = learned_bench.pair_specs(specs, also_specs, workdir / "also")
         except ValueError as exc:  # SetsError, TraceError: bad inputs, said plainly
             print(f"reap-swap bench-gpu: error: {exc}", file=sys.stderr)
             return 2
@@ -253,8 +275,26 @@ def main(argv: list[str] | None = None) -> int:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     if args.trace:
-        return _write(learned_report.summarize(raw, shape, date, command, settings, context), args)
-    return _write(summarize(raw, shape, date, command, settings), args)
+        rc = _write(learned_report.summarize(raw, shape, date, command, settings, context), args, args.out,
+                    views=args.out.stem if args.also_trace else "bench_gpu")
+        if args.also_trace:
+            also_raw = {spec["name"]: also_result(raw[spec["name"]], spec) for spec in specs}
+            also_settings = {**settings, "workload": "also", "engine_shared_with": str(args.trace)}
+            rc = max(rc, _write(learned_report.summarize(also_raw, shape, date, command, also_settings, also_context), args, args.also_out,
+                                views=args.also_out.stem))
+        return rc
+    return _write(summarize(raw, shape, date, command, settings), args, args.out)
+
+
+def also_result(raw: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The second workload's raw result of arm ``spec`` (``--also-trace``), read from the file its arm wrote."""
+    path = Path(spec["also"]["out"])
+    if not path.is_file():
+        return {"spec": spec["also"], "error": raw.get("error") or f"no result for the --also-trace workload ({path})"}
+    out = json.loads(path.read_text())
+    if raw.get("error") and not out.get("error"):
+        out["error"] = raw["error"]
+    return out
 
 
 def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -264,16 +304,22 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
     raw: dict[str, dict[str, Any]] = {}
     ref_tokens: tuple[Any, Any] = (None, None)
     ref_extra: dict[str, Any] = {}  # --extra-batches: stock_gpu's ids per extra batch key (bs32, ...)
+    also_refs: dict[str, Any] = {}  # --also-trace: stock_gpu's ids of the second workload
     longest = 0.0  # the slowest finished arm's wall time (the estimate for the next one)
     for spec in specs:
         left = deadline - time.monotonic()
         spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens
         for extra in spec.get("extra_batches") or []:
             spec[f"ref_tokens_{extra['key']}"] = ref_extra.get(extra["key"])
+        if spec.get("also"):
+            spec["also"].update({k: also_refs.get(k) for k in _ref_keys(spec["also"])})
+            Path(spec["also"]["out"]).parent.mkdir(parents=True, exist_ok=True)
         done = workdir / f"{spec['name']}.json"
         old = json.loads(done.read_text()) if args.resume and done.is_file() else {}
-        same = {k: v for k, v in old.get("spec", {}).items() if not k.startswith("ref_tokens")} == json.loads(
-            json.dumps({k: v for k, v in spec.items() if not k.startswith("ref_tokens")}))
+        if spec.get("also") and old:  # the arm counts as done only with both workloads done
+            second = also_result(old, spec)
+            old = old if second.get("done_s") is not None and not second.get("error") else {}
+        same = without_refs(old.get("spec", {})) == json.loads(json.dumps(without_refs(spec)))
         if old.get("done_s") is not None and not old.get("error") and same:
             print(f"bench-gpu: arm {spec['name']} reused from {done}", flush=True)
             raw[spec["name"]] = old
@@ -287,7 +333,16 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
         if spec["name"] == "stock_gpu":
             ref_tokens = (raw["stock_gpu"].get("tokens_bs1"), raw["stock_gpu"].get("tokens_bs8"))
             ref_extra = {e["key"]: raw["stock_gpu"].get(f"tokens_{e['key']}") for e in spec.get("extra_batches") or []}
+            if spec.get("also"):
+                second = also_result(raw["stock_gpu"], spec)
+                also_refs = {k: second.get("tokens_" + k.removeprefix("ref_tokens_")) if k != "ref_tokens" else second.get("tokens_bs1")
+                             for k in _ref_keys(spec["also"])}
     return raw
+
+
+def _ref_keys(spec: dict[str, Any]) -> list[str]:
+    """The reference-id keys a workload's spec takes: bs1, bs8 and each extra batch size."""
+    return ["ref_tokens", "ref_tokens_bs8", *(f"ref_tokens_{e['key']}" for e in spec.get("extra_batches") or [])]
 
 
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -312,21 +367,22 @@ def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: st
     }
 
 
-def _write(result: dict[str, Any], args: argparse.Namespace) -> int:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+def _write(result: dict[str, Any], args: argparse.Namespace, out: Path, views: str = "bench_gpu") -> int:
+    """The result JSON, its markdown table and (learned runs) the cache and complement views named ``<views>_cache.json``, ..."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     table = learned_report.markdown(result) if result.get("mode") == "learned" else markdown(result)
-    (args.md or args.out.with_suffix(".md")).write_text(table)
+    (args.md if args.md and out == args.out else out.with_suffix(".md")).write_text(table)
     print(table)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     cache = learned_report.cache_summary(result) if result.get("mode") == "learned" else None
     if cache is not None:  # the online-cache view of the same run, beside it
-        path = args.out.with_name("bench_gpu_cache.json")
+        path = out.with_name(f"{views}_cache.json")
         path.write_text(json.dumps(cache, indent=1))
         print(f"wrote {path}")
     comp = learned_report.complement_summary(result) if result.get("mode") == "learned" else None
     if comp is not None:  # RAM-complement off/on of the same run, beside it
-        path = args.out.with_name("bench_gpu_complement.json")
+        path = out.with_name(f"{views}_complement.json")
         path.write_text(json.dumps(comp, indent=1))
         print(f"wrote {path}")
     return 0 if not any(a.get("error") for a in result["arms"].values()) else 1

@@ -119,6 +119,38 @@ def build(meta: dict[str, Any], requests: list[RequestRoute]) -> RoutingTrace:
     return trace
 
 
+def concat(parts: list[RoutingTrace]) -> tuple[RoutingTrace, list[int]]:
+    """One trace holding every part's requests in order, and each part's first request index in it.
+
+    Why: one engine replays one routing table (its device tensors are captured in the
+    CUDA graphs), so an arm that runs two workloads (``bench-gpu --also-trace``) replays
+    their concatenation, request ``i`` of part ``p`` being request ``offsets[p] + i``.
+    The parts must route alike: same layer count, experts and top-k.
+    """
+    if not parts:
+        raise TraceError("concat needs at least one trace")
+    first = parts[0]
+    for i, t in enumerate(parts[1:], 1):
+        if (t.num_layers, t.num_experts, t.top_k) != (first.num_layers, first.num_experts, first.top_k):
+            raise TraceError(f"trace {i} routes top-{t.top_k} of {t.num_experts} over {t.num_layers} layers; "
+                             f"trace 0 top-{first.top_k} of {first.num_experts} over {first.num_layers}")
+    starts = [int(x) for x in np.cumsum([0] + [t.num_requests for t in parts[:-1]])]
+    row_starts = np.cumsum([0] + [int(t.offsets[-1]) for t in parts[:-1]])
+    rows = [t.offsets[1:] + int(r) for t, r in zip(parts, row_starts)]
+    id_dtype = np.result_type(*(t.ids.dtype for t in parts))
+    meta = {**first.meta, "requests": [r for t in parts for r in t.meta.get("requests", [])],
+            "concat_of": [{k: t.meta.get(k) for k in ("model", "decoding")} | {"requests": t.num_requests} for t in parts]}
+    trace = RoutingTrace(
+        meta=meta,
+        offsets=np.concatenate([np.zeros(1, dtype=np.int64), *rows]).astype(np.int64),
+        phase=np.concatenate([t.phase for t in parts]),
+        ids=np.concatenate([t.ids.astype(id_dtype) for t in parts]),
+        weights=np.concatenate([t.weights for t in parts]),
+    )
+    trace.validate()
+    return trace, starts
+
+
 def save(trace: RoutingTrace, path: str | Path) -> Path:
     trace.validate()
     path = Path(path)

@@ -10,6 +10,7 @@
 #   DEADLINE=420 bash scripts/gpu_learned_session.sh bench $OUT   # as many arms as fit, in priority order
 #   bash scripts/gpu_learned_session.sh bench $OUT                # again: --resume skips finished arms
 #   V2=1 WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2 bash scripts/gpu_learned_session.sh bench $OUT  # v2's trace
+#   V2=1 ALSO_V1=1 ... bench $OUT   # each arm runs v2's workload, then v1's on the same engine (RESULT_ALSO names v1's JSON)
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -45,10 +46,14 @@ bench)
   # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
   [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
   A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume"
+  # ALSO_V1=1 (with V2=1): every arm also runs v1's trace and sets on the same engine after v2's workload
+  # (bench-gpu --also-trace: one engine build, two workloads, v1 beside v2 in one run), result RESULT_ALSO
+  also() { [ "${ALSO_V1:-0}" = 1 ] && echo "--also-trace $R/benchmarks/traces/learned128_t0.8.npz --also-sets $R/benchmarks/results/learned_sets.json --also-out $1"; }
   ARMS=${ARMS:-stock_gpu,stock_offload,reap_cache,reap_static,reap_classifier,reap_plan,reap_classifier_complement,reap_cache_complement}
-  rs bench-gpu $A --arms $ARMS --deadline-s ${DEADLINE:-560} --out $W/part.json > $W/bench.log 2>&1
+  rs bench-gpu $A $(also $W/part_also.json) --arms $ARMS --deadline-s ${DEADLINE:-560} --out $W/part.json > $W/bench.log 2>&1
   # the joined table in the standard arm order (nothing new runs: all reused or marked not run)
-  rs bench-gpu $A --arms $ARMS --deadline-s 1 --out $OUT/${RESULT:-bench_gpu_learned}.json > $W/join.log 2>&1
+  rs bench-gpu $A $(also $OUT/${RESULT_ALSO:-bench_gpu_learned_v1_beside_v2}.json) --arms $ARMS --deadline-s 1 \
+    --out $OUT/${RESULT:-bench_gpu_learned}.json > $W/join.log 2>&1
   cp $W/${WORKDIR:-bench}/arms.log $OUT/arms.log 2>/dev/null
   tail -c 2500 $W/bench.log; tail -c 1500 $W/join.log ;;
 *) echo "unknown phase $PHASE" >&2; exit 2 ;;

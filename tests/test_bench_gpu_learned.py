@@ -32,13 +32,12 @@ def counts(trace: traces.RoutingTrace, reqs: list[int], layer: int) -> np.ndarra
     return np.bincount(trace.ids[rows, layer].astype(np.int64).ravel(), minlength=trace.num_experts)
 
 
-def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch: int = 8) -> dict[str, Any]:
+def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch: int = 8, name: str = TRACE.name.removesuffix(".npz")) -> dict[str, Any]:
     """A small sets file in ``reap-swap learned-sets``'s schema, restricted to ``layers`` (MoE layer ids).
 
     static_topk: the heaviest experts of requests 32.. (other requests than the timed ones);
     plan: the heaviest of the prefill rows only; classifier: each request's (group's) own heaviest.
     """
-    name = TRACE.name.removesuffix(".npz")
     n = trace.num_requests
     others = list(range(32, n))
     keys = [f"{r}:{trace.meta['requests'][r]['id']}" for r in range(n)]
@@ -302,3 +301,100 @@ def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(
                 "reap_fast": {**base, "decode_tok_s_bs1": 200.0, "decode_tok_s_bs8": 400.0, "decode_tok_s_bs1_e2e": 190.0}})
     assert r["fast_vs_stock_offload_bs1"] == pytest.approx(5.0) and r["fast_vs_stock_offload_bs8"] == pytest.approx(5.0)
     assert r["fast_vs_stock_offload_bs1_e2e"] == pytest.approx(190 / 40) and r["fast_vs_static_cpu_bs1"] == pytest.approx(1.25)
+
+
+# ---- --also-trace: two workloads on one engine per arm -----------------------------------------------------------
+
+
+def _specs_for(tmp_path: Path, trace_path: Path, name: str, arms: list[str]) -> list[dict[str, Any]]:
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.learned.bench import build_specs
+    from reap_swap.benchmarks.shapes import SHAPES
+
+    sets_path = tmp_path / f"{name}.sets.json"
+    write_sets(traces.load(trace_path), sets_path, TRACE_LAYERS, name=name)
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    args = Namespace(trace=trace_path, sets=sets_path, trace_layers=TRACE_LAYERS, requests=2, groups=1, gen=4, gen_bs8=5, batch=8, reps=1,
+                     kv_cache_gib=1.0, device="cpu", profile_steps=0, arms=arms)
+    return build_specs(args, model, SHAPES["tiny128"])[0]
+
+
+def test_pair_specs_share_one_engine_and_refuse_what_one_engine_cannot_serve(tmp_path: Path) -> None:
+    from reap_swap.benchmarks.learned.bench import ALSO_PREFIX, SetsError, pair_specs
+
+    v2 = REPO / "benchmarks" / "traces" / "learned128_v2_t0.8.npz"
+    first = _specs_for(tmp_path, TRACE, "learned128_t0.8", ["stock_gpu", "reap_static"])
+    second = _specs_for(tmp_path, v2, "learned128_v2_t0.8", ["stock_gpu", "reap_static"])
+    paired = pair_specs(first, second, tmp_path / "also")
+    for spec, other in zip(paired, second):
+        also = spec["also"]
+        assert also["trace"] == str(v2) and also["requests_bs1"] == other["requests_bs1"] and also["tag_prefix"] == ALSO_PREFIX
+        assert also["out"] == str(tmp_path / "also" / f"{spec['name']}.json")
+        assert spec["max_model_len"] == also["max_model_len"] == max(other["max_model_len"], next(f for f in first if f["name"] == spec["name"])["max_model_len"])
+    with pytest.raises(SetsError, match="same slot count"):
+        pair_specs(first, [{**s, "slots": 20} if s["kind"] == "reap" else s for s in second], tmp_path / "also")
+    shifted = [{**s, "trace_layers": [1, 8, 16, 23]} for s in second]
+    with pytest.raises(SetsError, match="trace layers"):
+        pair_specs(first, shifted, tmp_path / "also")
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--also-trace", "t.npz"], "--also-trace needs --trace, --also-sets and --also-out"),
+    (["--trace", "a.npz", "--sets", "a.json", "--also-trace", "b.npz", "--also-sets", "b.json"], "--also-trace needs"),
+    (["--also-sets", "b.json"], "go with --also-trace"),
+    (["--trace", "a.npz", "--sets", "a.json", "--also-trace", "b.npz", "--also-sets", "b.json", "--also-out", "x.json", "--out", "x.json"],
+     "--also-out must differ from --out"),
+])
+def test_also_trace_arguments_are_checked(argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from reap_swap.benchmarks.gpu_bench import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", *argv])
+    assert problem in capsys.readouterr().err
+
+
+def test_resume_with_also_needs_both_workloads_done(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.gpu_bench import run_arms
+
+    also_out = tmp_path / "also" / "stock_gpu.json"
+    spec = {"name": "stock_gpu", "runner": "no.such.module", "also": {"name": "stock_gpu", "out": str(also_out)}}
+    (tmp_path / "stock_gpu.json").write_text(json.dumps({"spec": spec, "done_s": 3.0, "tokens_bs1": {}}))
+    args = Namespace(resume=True, deadline_s=10.0)  # under 30 s left: an arm that is not reused is not run either
+    raw = run_arms([json.loads(json.dumps(spec))], tmp_path, args)
+    assert "not run" in raw["stock_gpu"]["error"]  # the second workload never finished
+    also_out.write_text(json.dumps({"done_s": 4.0, "tokens_bs1": {"also": [1]}}))
+    raw = run_arms([json.loads(json.dumps(spec))], tmp_path, args)
+    assert raw["stock_gpu"]["done_s"] == 3.0
+
+
+@pytest.mark.vllm
+def test_cpu_also_trace_runs_both_workloads_on_one_engine(tmp_path: Path) -> None:
+    """Two traces, one engine per arm: each workload's measured hit rate equals its own trace's offline replay."""
+    pytest.importorskip("vllm")
+    v2 = REPO / "benchmarks" / "traces" / "learned128_v2_t0.8.npz"
+    for path, name in ((TRACE, "learned128_t0.8"), (v2, "learned128_v2_t0.8")):
+        write_sets(traces.load(path), tmp_path / f"{name}.sets.json", TRACE_LAYERS, name=name)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny128", "--device", "cpu", "--trace", str(TRACE),
+           "--sets", str(tmp_path / "learned128_t0.8.sets.json"), "--also-trace", str(v2), "--also-sets", str(tmp_path / "learned128_v2_t0.8.sets.json"),
+           "--also-out", str(tmp_path / "v2.json"), "--trace-layers", ",".join(map(str, TRACE_LAYERS)), "--requests", "2", "--groups", "1",
+           "--gen", "4", "--gen-bs8", "5", "--batch", "8", "--reps", "1", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "v1.json"),
+           "--deadline-s", "900", "--arms", "stock_gpu,reap_static", "--profile-steps", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("bench-gpu: arm ") == 2  # one process per arm, both workloads inside it
+    v1r, v2r = (json.loads((tmp_path / f).read_text()) for f in ("v1.json", "v2.json"))
+    assert v1r["context"]["trace_name"] == "learned128_t0.8" and v2r["context"]["trace_name"] == "learned128_v2_t0.8"
+    assert v2r["settings"]["engine_shared_with"] == str(TRACE)
+    for res in (v1r, v2r):
+        static = res["arms"]["reap_static"]
+        assert static["error"] is None and res["arms"]["stock_gpu"]["error"] is None
+        assert static["identical_ids"] is True and static["identical_ids_bs8"] is True
+        assert static["replay_checked"] is True and abs(static["hit_rate_decode"] - static["hit_rate_decode_offline"]) < 1e-9
+    assert v1r["arms"]["reap_static"]["hit_rate_decode"] != v2r["arms"]["reap_static"]["hit_rate_decode"]  # two workloads, not one twice
+    assert v1r["arms"]["reap_static"]["llm_init_s"] == v2r["arms"]["reap_static"]["llm_init_s"]  # one engine build

@@ -10,7 +10,7 @@ import pytest
 
 from reap_swap.planning.cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, belady_hits
 from reap_swap.planning.simulate import POLICIES, main as simulate_main, simulate
-from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute, TraceError, build, load, save
+from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute, TraceError, build, concat, load, save
 
 
 def _synthetic(requests: int = 8, layers: int = 3, experts: int = 16, k: int = 4, prompt: int = 12, decode: int = 40, seed: int = 0):
@@ -42,6 +42,23 @@ def test_trace_round_trip_and_reader(tmp_path: Path) -> None:
     assert r.request_id == "req-2" and r.num_tokens == 52 and (r.phase[:12] == PREFILL).all()
     np.testing.assert_array_equal(r.ids, trace.request(2).ids)
     assert [q.request_id for q in back.requests("train")] == ["req-0", "req-1", "req-2"]
+
+
+def test_concat_keeps_every_request_and_says_where_each_part_starts() -> None:
+    a, b = _synthetic(requests=3), _synthetic(requests=5)
+    both, starts = concat([a, b])
+    assert starts == [0, 3] and both.num_requests == 8
+    for part, start in ((a, 0), (b, 3)):
+        for i in range(part.num_requests):
+            np.testing.assert_array_equal(both.request(start + i).ids, part.request(i).ids)
+            np.testing.assert_array_equal(both.request(start + i).phase, part.request(i).phase)
+    assert [m["requests"] for m in both.meta["concat_of"]] == [3, 5]
+    other = _synthetic(requests=2)
+    other.meta["num_experts"] = 32
+    with pytest.raises(TraceError, match="routes top-4 of 32"):
+        concat([a, other])
+    with pytest.raises(TraceError, match="at least one"):
+        concat([])
 
 
 def test_trace_validation_refuses_bad_files(tmp_path: Path) -> None:

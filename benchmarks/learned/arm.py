@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -323,6 +324,35 @@ def stock_hits(spec: dict[str, Any], llm: Any, trace: Any, runs: dict[str, list[
     return out
 
 
+def without_refs(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec without stock_gpu's reference ids (the second workload's too): they are set per call, not part of the arm."""
+    out = {k: v for k, v in spec.items() if not k.startswith("ref_tokens")}
+    if isinstance(out.get("also"), dict):
+        out["also"] = without_refs(out["also"])
+    return out
+
+
+class OffsetRouting:
+    """A workload's view of a replay of concatenated traces (``traces.concat``): its request ``i`` is
+    request ``start + i`` of the replay. Why: one engine replays one table, so a second workload
+    (``bench-gpu --also-trace``) rides in the same arm process without a second engine build."""
+
+    tags = False
+
+    def __init__(self, inner: Any, start: int):
+        self.inner, self.start = inner, start
+
+    def assign(self, request_id: str, trace_request: int) -> None:
+        self.inner.assign(request_id, trace_request + self.start)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "first_request": self.start}
+
+
+SHARED_KEYS = ("versions", "engine_kwargs", "memory", "host_memory_after_load", "reap_install", "host_memory_after_install", "gates_reseeded")
+"""What the engine build measured: the same for every workload an arm process runs."""
+
+
 def run(spec: dict[str, Any], res: Results) -> None:
     _environment(spec)
     from reap_swap.benchmarks import llm_probe as probe
@@ -330,12 +360,14 @@ def run(spec: dict[str, Any], res: Results) -> None:
     from reap_swap.planning import traces
     from reap_swap.server_ext.bank.host_memory import process_memory  # the arm's RSS: the engine runs in this process
 
-    res.save("spec", {k: v for k, v in spec.items() if not k.startswith("ref_tokens")})
+    also = spec.get("also")
+    res.save("spec", without_refs(spec))  # with ``also``: what bench-gpu --resume compares
     res.save("versions", _versions(spec))
     trace = traces.load(spec["trace"])
+    replayed, starts = (trace, [0]) if also is None else traces.concat([trace, traces.load(also["trace"])])
     tp = tp_of(spec)
     # TP > 1: the replay is installed in every worker (engine_kwargs' extension); none here
-    routing: Any = trv.install(trace, layers=spec["trace_layers"]) if tp == 1 else WorkerRouting()
+    routing: Any = trv.install(replayed, layers=spec["trace_layers"]) if tp == 1 else WorkerRouting()
     kw = engine_kwargs(spec)
     res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
     from vllm import LLM
@@ -351,8 +383,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     res.save("trace_routing", routing.describe())
     if tp > 1 and not res.data["trace_routing"].get("attached_all_ranks"):
         raise RuntimeError(f"trace routing is not attached in every rank: {res.data['trace_routing'].get('by_rank')}")
-    reap = spec["kind"] == "reap"
-    if reap:
+    if spec["kind"] == "reap":
         infos = llm.collective_rpc("reap_install")
         info = infos[0]
         res.save("reap_install", {k: v for k, v in info.items() if k not in ("resident", "complement")})
@@ -364,7 +395,33 @@ def run(spec: dict[str, Any], res: Results) -> None:
         if {k: sorted(v) for k, v in info["resident"].items()} != {k: sorted(v) for k, v in spec["start"].items()}:
             res.save("start_swap", swap(llm, spec["start"]))
     res.save("gates_reseeded", on_model(llm, probe.reseed_gates(spec["gate_seed"], spec["gate_scale"]))[0])
+    run_workload(llm, routing, trace, spec, res)
+    if also is not None:  # the second workload, on the same engine: its own result file, the build's figures copied
+        second = Results(Path(also["out"]))
+        second.save("spec", {**{k: v for k, v in spec.items() if k != "also"},
+                             **{k: v for k, v in also.items() if not k.startswith("ref_tokens") and k != "out"}})
+        for key in SHARED_KEYS:
+            if key in res.data:
+                second.save(key, res.data[key])
+        second.save("engine_shared_with", spec["trace"])
+        view = OffsetRouting(routing, starts[1])
+        second.save("trace_routing", view.describe())
+        if spec["kind"] == "reap":
+            second.save("start_swap", swap(llm, also["start"]))
+        run_workload(llm, view, traces.load(also["trace"]), {**spec, **also, "profile_steps": None}, second)
+        if "profile" in res.data:  # profiled once per engine, on the first workload
+            second.save("profile", {**res.data["profile"], "workload": spec["trace"]})
+        second.save("done_s", time.perf_counter() - T0)
+    res.save("done_s", time.perf_counter() - T0)
 
+
+def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: Results) -> None:
+    """One trace's requests on a built engine: hits (reap) or placement (stock), then the timed passes per batch size."""
+    from reap_swap.benchmarks import llm_probe as probe
+    from reap_swap.server_ext.bank.host_memory import process_memory
+
+    reap = spec["kind"] == "reap"
+    tp = tp_of(spec)
     bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
     bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
     extra = [(e["key"], [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in e["groups"]]) for e in spec.get("extra_batches") or []]
@@ -372,12 +429,13 @@ def run(spec: dict[str, Any], res: Results) -> None:
                           spec["vocab"], spec["prompt_seed"])
     per_req, per_group = spec.get("per_request"), spec.get("per_group")
     per_extra = spec.get("per_group_extra") or {}
+    prefix = spec.get("tag_prefix", "")  # request ids unique across the workloads of one engine
     runs: dict[str, list[Batch]] = {
-        "bs1": [(f"b1.{q.index}", [q], per_req[str(q.index)] if per_req else None) for q in bs1],
-        "bs8": [(f"b8.{g}", reqs, per_group[str(g)] if per_group else None) for g, reqs in bs8],
+        "bs1": [(f"{prefix}b1.{q.index}", [q], per_req[str(q.index)] if per_req else None) for q in bs1],
+        "bs8": [(f"{prefix}b8.{g}", reqs, per_group[str(g)] if per_group else None) for g, reqs in bs8],
     }
     for key, gs in extra:  # --extra-batches: keys bs<B>, timed like bs8 (the cache arms' prior before each group)
-        runs[key] = [(f"b{key[2:]}.{g}", reqs, per_extra[key][str(g)] if key in per_extra else None) for g, reqs in gs]
+        runs[key] = [(f"{prefix}b{key[2:]}.{g}", reqs, per_extra[key][str(g)] if key in per_extra else None) for g, reqs in gs]
     if not reap:
         res.save("hits", stock_hits(spec, llm, trace, runs, res))
     hits: dict[str, Any] = {}
@@ -393,7 +451,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
 
             cpu_misses.stats(llm)  # reset: count the timed passes only
         r = timed(llm, routing, batches, prompts, spec["reps"])
-        tokens = r.pop("tokens")
+        tokens = {tag.removeprefix(prefix): ids for tag, ids in r.pop("tokens").items()}
         res.save(key, r)
         if spec.get("cpu_experts"):
             res.save(f"cpu_path_{key}", cpu_misses.stats(llm))
@@ -418,7 +476,6 @@ def run(spec: dict[str, Any], res: Results) -> None:
     if tp > 1:
         res.save("host_memory_workers", llm.collective_rpc(_worker_host_memory))
     res.save("trace_routing", routing.describe())
-    res.save("done_s", time.perf_counter() - T0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -197,6 +197,32 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     return specs, context
 
 
+ENGINE_KEYS = ("max_model_len", "max_num_seqs")
+"""Spec keys that size the engine: one engine serves both workloads of a pair, so they take the larger value."""
+ALSO_PREFIX = "also."
+"""Request-id prefix of the second workload: ids stay unique within one engine."""
+
+
+def pair_specs(first: list[dict[str, Any]], second: list[dict[str, Any]], also_dir: Path) -> list[dict[str, Any]]:
+    """Each arm of ``first`` carries the same arm of ``second`` under ``also``: one engine build, two
+    workloads (``bench-gpu --also-trace``). The arm writes the second workload's results to
+    ``also_dir/<arm>.json``. Why: an engine build costs 0.5-1.5 min of a scarce device, a workload less."""
+    by_name = {s["name"]: s for s in second}
+    out = []
+    for spec in first:
+        other = by_name[spec["name"]]
+        if spec.get("slots") != other.get("slots"):
+            raise SetsError(f"arm {spec['name']}: {spec.get('slots')} slots on the first trace, {other.get('slots')} on --also-trace "
+                            "(one engine serves both: the sets files must use the same slot count)")
+        if spec["trace_layers"] != other["trace_layers"]:
+            raise SetsError(f"trace layers {spec['trace_layers']} vs {other['trace_layers']} on --also-trace (one replay serves both)")
+        engine = {k: max(int(spec.get(k) or 0), int(other.get(k) or 0)) or None for k in ENGINE_KEYS}
+        engine = {k: v for k, v in engine.items() if v is not None}
+        also = {**other, **engine, "tag_prefix": ALSO_PREFIX, "out": str(also_dir / f"{spec['name']}.json")}
+        out.append({**spec, **engine, "also": also})
+    return out
+
+
 def extra_groups(trace: Any, batch: int, groups: int, gen: int) -> list[list[Any]]:
     """Up to ``groups`` groups of ``batch`` consecutive decodable trace requests (as many as the trace holds, at least one)."""
     for count in range(max(1, groups), 0, -1):
