@@ -310,6 +310,11 @@ def _link_gbps(llm: Any) -> dict[str, float]:
 
 
 def run(spec: dict[str, Any], res: Results) -> None:
+    """Build the engine, calibrate reap arms, then time batch 1 (and batch ``spec["batch"]`` unless ``ttft_only``).
+
+    Calibration (reap arms with ``calibrate``) is always 4 prompts of ``spec["prompt_len"]`` tokens (seed 100,
+    ``gen`` tokens each); with several ``prompt_lens`` that is the shortest length, the same in every arm, so
+    each arm keeps the same experts resident whatever lengths it times afterwards."""
     _environment(spec)
     from reap_swap.benchmarks import llm_probe as probe
 
@@ -353,6 +358,10 @@ def run(spec: dict[str, Any], res: Results) -> None:
         from reap_swap.benchmarks import cpu_misses
 
         res.save("cpu_path_install", cpu_misses.stats(llm))  # warm-up and capture steps, then reset
+    if spec.get("prompt_lens"):  # several lengths, one engine (--ttft-only only)
+        _time_lengths(llm, spec, res, reap, bool(cpu))
+        res.save("done_s", time.perf_counter() - T0)
+        return
     r1 = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
     tokens = r1.pop("tokens")[0]
     res.save("bs1", r1)
@@ -392,6 +401,41 @@ def run(spec: dict[str, Any], res: Results) -> None:
     if reap and spec.get("sweep") and resident is not None:
         _sweep(llm, spec, res, bs1, resident)
     res.save("done_s", time.perf_counter() - T0)
+
+
+def _time_lengths(llm: Any, spec: dict[str, Any], res: Results, reap: bool, cpu: bool) -> None:
+    """Batch 1 at each of ``spec["prompt_lens"]`` in this one engine (no rebuild per length): time to first token
+    and decode (``probe.decode_rate``: a warm-up, then medians of ``reps``), the ids, and the identical-ids check
+    against the reference arm's ids of the same length (``ref_tokens_p{N}``, set by ``gpu_bench.run_arms``).
+    Each length's prompt is the one a single ``--prompt-len N`` run times (seed 0), so results compare across runs."""
+    from reap_swap.benchmarks import llm_probe as probe
+
+    staging = reap and bool((spec.get("env") or {}).get("REAP_PREFILL_STAGING_ROWS"))
+    res.save("scheduler", _scheduler(llm))
+    for n in spec["prompt_lens"]:
+        prompts = probe.random_prompts(1, n, spec["vocab"], seed=0)
+        r = probe.decode_rate(llm, prompts, spec["gen"], spec["reps"])
+        tokens = r.pop("tokens")[0]
+        res.save(f"bs1_p{n}", {**r, "prompt_len": n})
+        if cpu:
+            from reap_swap.benchmarks import cpu_misses
+
+            res.save(f"cpu_path_bs1_p{n}", cpu_misses.stats(llm))
+        res.save(f"tokens_bs1_p{n}", tokens)
+        ref = spec.get(f"ref_tokens_p{n}")
+        if ref is not None:
+            res.save(f"identical_ids_p{n}", tokens == ref)
+            res.save(f"first_diff_p{n}", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
+        if staging:
+            res.save(f"staging_bs1_p{n}", _staging_books(llm, prompts))
+
+
+def _scheduler(llm: Any) -> dict[str, Any]:
+    """The prefill chunk vLLM chose (``max_num_batched_tokens``: with no ``--max-batched-tokens``, its per-GPU default),
+    which says in how many steps a long prompt prefilled; None where the engine does not expose it."""
+    sc = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "scheduler_config", None)
+    return {"max_num_batched_tokens": getattr(sc, "max_num_batched_tokens", None),
+            "chunked_prefill": getattr(sc, "enable_chunked_prefill", getattr(sc, "chunked_prefill_enabled", None))}
 
 
 def _staging_books(llm: Any, prompts: list[dict[str, list[int]]]) -> dict[str, Any]:

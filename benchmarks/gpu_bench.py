@@ -17,7 +17,9 @@ caches or memory):
                      layer's non-resident experts, ``--staging-rows``): a large step's missed
                      experts are copied once into staging rows instead of being re-read per M-block.
                      For TTFT at long prompts: ``--shape 30b-a3b-24l-40k --prompt-len 32768
-                     --ttft-only`` (batch-1 TTFT, no batch timing or sweep)
+                     --ttft-only`` (batch-1 TTFT, no batch timing or sweep); with ``--ttft-only``,
+                     ``--prompt-len 2048,8192,32768`` times every length in each arm's one engine
+                     (keys ``bs1_p{N}``, ``ttft_ms_p{N}``, ``ratios.*_p{N}``, ``acceptance``)
 
 All arms share the model (a config with the chosen expert shape, vLLM dummy
 weights) and re-seed each layer's router alike, so routing differs per layer
@@ -53,7 +55,7 @@ from .learned import bench as learned_bench
 from .learned import report as learned_report
 from .learned.arm import without_refs
 from . import tp as tpm
-from .gpu_report import arm_summary, law_check, markdown, ratios, run_header
+from .gpu_report import acceptance, arm_summary, law_check, markdown, prompt_lens, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_stage")
@@ -70,7 +72,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "dtype": "bfloat16" if args.device == "cuda" else "float32",
         "layers": shape.layers,
         "vocab": vocab,
-        "max_model_len": args.prompt_len + max(args.gen, args.gen_bs8) + 64,
+        "max_model_len": max(args.prompt_lens) + max(args.gen, args.gen_bs8) + 64,
         "max_batched_tokens": args.max_batched_tokens,
         "ttft_only": args.ttft_only,
         "kv_cache_gib": args.kv_cache_gib,
@@ -83,6 +85,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "gate_scale": 1e-3,
         "tensor_parallel_size": args.tensor_parallel_size,
     }
+    if len(args.prompt_lens) > 1:  # several lengths in one engine (--ttft-only); prompt_len (the shortest) stays the calibration length
+        base["prompt_lens"] = list(args.prompt_lens)
     if args.quantization:
         base["quantization"] = args.quantization
     offload = shape.offload_gib_for_slots(slots30) * (1 / shape.dtype_bytes if args.quantization else 1.0)  # FP8: 1 byte a weight
@@ -147,7 +151,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
     p.add_argument("--gen-bs8", type=int, default=32, help="tokens generated per request in the batch timing")
     p.add_argument("--batch", type=int, default=8, help="requests decoded together in the batch timing")
-    p.add_argument("--prompt-len", type=int, default=256, help="prompt tokens per request (up to the shape's positions less --gen and 64)")
+    p.add_argument("--prompt-len", type=_prompt_lens, default="256",
+                   help="prompt tokens per request (up to the shape's positions less --gen and 64); with --ttft-only a comma list "
+                        "(2048,8192,32768) times each length at batch 1 in every arm's one engine")
     p.add_argument("--max-batched-tokens", type=int,
                    help="vLLM's max_num_batched_tokens (the prefill chunk) in every arm (default: vLLM's)")
     p.add_argument("--ttft-only", action="store_true",
@@ -212,10 +218,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.gen < 2 or args.gen_bs8 < 2 or args.reps < 1 or args.batch < 1:
         p.error("--gen and --gen-bs8 must be >= 2, --reps and --batch >= 1")
     shape = SHAPES[args.shape]
-    longest = args.prompt_len + max(args.gen, args.gen_bs8) + 64
-    if args.prompt_len < 1 or longest > shape.max_positions:
-        p.error(f"--prompt-len {args.prompt_len} + generation + 64 = {longest} exceeds the shape's {shape.max_positions} positions "
-                f"(--shape 30b-a3b-24l-40k serves up to 40960)")
+    args.prompt_lens = args.prompt_len
+    if len(args.prompt_lens) > 1 and not args.ttft_only:
+        p.error(f"several --prompt-len values ({','.join(map(str, args.prompt_lens))}) need --ttft-only (batch-1 TTFT per length)")
+    if len(args.prompt_lens) > 1 and args.trace:
+        p.error("several --prompt-len values run the synthetic arms, not the learned-routing arms of --trace")
+    args.prompt_len = args.prompt_lens[0]  # the shortest: the calibration prompts' length (and the only one when one is given)
+    for n in args.prompt_lens:
+        longest = n + max(args.gen, args.gen_bs8) + 64
+        if longest > shape.max_positions:
+            p.error(f"--prompt-len {n} + generation + 64 = {longest} exceeds the shape's {shape.max_positions} positions "
+                    f"(--shape 30b-a3b-24l-40k serves up to 40960)")
     if args.max_batched_tokens is not None and args.max_batched_tokens < 1:
         p.error(f"--max-batched-tokens must be >= 1, got {args.max_batched_tokens}")
     if args.staging_rows is not None and not 0 < args.staging_rows <= shape.experts:
@@ -241,6 +254,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if problem:
         p.error(problem)
     return args
+
+
+def _prompt_lens(text: str) -> list[int]:
+    """``--prompt-len``: one length or a comma list, ascending (the shortest runs first and calibrates)."""
+    try:
+        lens = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes token counts like 8192 or 2048,8192,32768, got {text!r}") from None
+    if not lens or any(n < 1 for n in lens):
+        raise argparse.ArgumentTypeError(f"every prompt length must be >= 1, got {text!r}")
+    if len(set(lens)) != len(lens):
+        raise argparse.ArgumentTypeError(f"a prompt length is given twice in {text!r}")
+    return sorted(lens)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's options for the JSON; ``prompt_lens`` only when several lengths ran, so one-length results keep their keys."""
+    skip = {"prompt_lens"} if len(args.prompt_lens) <= 1 else set()
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in skip}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = run_arms(specs, workdir, args)
     command = "reap-swap bench-gpu " + " ".join(sys.argv[2:] if argv is None else argv)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings = _settings(args)
     if args.trace:
         rc = _write(learned_report.summarize(raw, shape, date, command, settings, context), args, args.out,
                     views=args.out.stem if args.also_trace else "bench_gpu")
@@ -305,6 +337,7 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
     ref_tokens: tuple[Any, Any] = (None, None)
     ref_extra: dict[str, Any] = {}  # --extra-batches: stock_gpu's ids per extra batch key (bs32, ...)
     also_refs: dict[str, Any] = {}  # --also-trace: stock_gpu's ids of the second workload
+    ref_lens: dict[str, Any] = {}  # several --prompt-len: the reference ids per length (ref_tokens_p{N})
     longest = 0.0  # the slowest finished arm's wall time (the estimate for the next one)
     for spec in specs:
         left = deadline - time.monotonic()
@@ -314,6 +347,7 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
         if spec.get("also"):
             spec["also"].update({k: also_refs.get(k) for k in _ref_keys(spec["also"])})
             Path(spec["also"]["out"]).parent.mkdir(parents=True, exist_ok=True)
+        spec.update(ref_lens)
         done = workdir / f"{spec['name']}.json"
         old = json.loads(done.read_text()) if args.resume and done.is_file() else {}
         if spec.get("also") and old:  # the arm counts as done only with both workloads done
@@ -337,6 +371,8 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
                 second = also_result(raw["stock_gpu"], spec)
                 also_refs = {k: second.get("tokens_" + k.removeprefix("ref_tokens_")) if k != "ref_tokens" else second.get("tokens_bs1")
                              for k in _ref_keys(spec["also"])}
+        if spec.get("prompt_lens") and spec.get("kind") == "stock" and (spec["name"] == "stock_gpu" or not ref_lens):
+            ref_lens = length_refs(spec["name"], raw[spec["name"]], spec["prompt_lens"])
     return raw
 
 
@@ -345,26 +381,41 @@ def _ref_keys(spec: dict[str, Any]) -> list[str]:
     return ["ref_tokens", "ref_tokens_bs8", *(f"ref_tokens_{e['key']}" for e in spec.get("extra_batches") or [])]
 
 
+def length_refs(name: str, stock: dict[str, Any], lens: list[int]) -> dict[str, Any]:
+    """Per-length reference ids from a stock arm: stock_gpu's, or the first stock arm's when stock_gpu is not run
+    (``--arms stock_offload,reap_30,reap_30_stage``: stock offload serves the same model with the same kernels).
+    Empty when that arm timed no length (an error), so a later stock arm can still give them."""
+    refs: dict[str, Any] = {f"ref_tokens_p{n}": stock[f"tokens_bs1_p{n}"] for n in lens if stock.get(f"tokens_bs1_p{n}") is not None}
+    return {**refs, "ref_tokens_from": name} if refs else {}
+
+
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The result JSON; a several-``--prompt-len`` run adds ``prompt_lens`` and issue 26's prefill ``acceptance``."""
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
     tp = int(settings.get("tensor_parallel_size") or 1)
-    return {
+    lens = prompt_lens(raw)
+    timed = [v for r in raw.values() for k, v in r.items() if k == "bs1" or k.startswith("bs1_p")]
+    result = {
         **run_header(raw, shape, date, command, settings),
         "tensor_parallel_size": tp,
         "decode_estimator": (
             "batch / median decode-step time over all timed runs (end-to-end estimate in *_e2e)"
-            if any("decode_tok_s_e2e" in (r.get("bs1") or {}) for r in raw.values())
+            if any("decode_tok_s_e2e" in (t or {}) for t in timed)
             else "(gen - 1) * batch / (median T_gen - median T_1) over the timed runs (runs before the step-median estimator)"
         ),
         "arms": arms,
-        "ratios": tpm.tp_ratios(ratios(arms), tp),
+        "ratios": tpm.tp_ratios(ratios(arms, lens), tp),
         "syncs_per_decode_step": syncs,
         "syncs_per_decode_step_stock": syncs_stock,
         "syncs_added_per_decode_step": syncs - syncs_stock if syncs is not None and syncs_stock is not None else None,
         "law": law_check(raw, shape),
         "raw": raw,
     }
+    if lens:  # before raw, beside the arms: what bench_prefill_<gpu>.json is read for
+        extra = {"prompt_lens": lens, "acceptance": acceptance(arms, lens)}
+        result = {k: v for k, v in result.items() if k != "raw"} | extra | {"raw": raw}
+    return result
 
 
 def _write(result: dict[str, Any], args: argparse.Namespace, out: Path, views: str = "bench_gpu") -> int:

@@ -51,7 +51,30 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "blocking_copies_per_decode_step": _get(raw, "profile", "blocking_copies"),
         "launches_per_decode_step": _get(raw, "profile", "launches"),
         "error": raw.get("error"),
+        **length_summary(raw),
     }
+
+
+def length_summary(raw: dict[str, Any]) -> dict[str, Any]:
+    """Per-length keys of a several-``--prompt-len`` arm (``bs1_p{N}`` in the raw result); none for a one-length run,
+    whose summary keeps its keys."""
+    out: dict[str, Any] = {}
+    for n in raw.get("spec", {}).get("prompt_lens") or []:
+        out[f"ttft_ms_p{n}"] = _get(raw, f"bs1_p{n}", "ttft_ms")
+        out[f"decode_tok_s_bs1_p{n}"] = _get(raw, f"bs1_p{n}", "decode_tok_s")
+        out[f"identical_ids_p{n}"] = raw.get(f"identical_ids_p{n}")
+        if f"staging_bs1_p{n}" in raw:
+            out[f"staged_experts_p{n}"] = _get(raw, f"staging_bs1_p{n}", "staged_experts")
+    if out:
+        out["identical_ids_reference"] = raw.get("spec", {}).get("ref_tokens_from")
+        out["max_num_batched_tokens"] = _get(raw, "scheduler", "max_num_batched_tokens")  # the prefill chunk vLLM used
+    return out
+
+
+def prompt_lens(raw: dict[str, dict[str, Any]]) -> list[int]:
+    """The prompt lengths a several-``--prompt-len`` run timed (from the arms' specs, so ``--rebuild`` finds them too);
+    empty for a one-length run."""
+    return sorted({int(n) for r in raw.values() for n in (r.get("spec") or {}).get("prompt_lens") or []})
 
 
 def run_header(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -74,9 +97,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+def ratios(arms: dict[str, dict[str, Any]], lens: list[int] | None = None) -> dict[str, float | None]:
+    """Speed ratios between arms; with ``lens`` (several prompt lengths) also the TTFT ratios at each length."""
     g = lambda arm, key: (arms.get(arm) or {}).get(key)  # noqa: E731
-    return {
+    out: dict[str, float | None] = {
         "all_resident_vs_stock_bs1": _ratio(g("reap_all", "decode_tok_s_bs1"), g("stock_gpu", "decode_tok_s_bs1")),
         "all_resident_vs_stock_bs8": _ratio(g("reap_all", "decode_tok_s_bs8"), g("stock_gpu", "decode_tok_s_bs8")),
         "slots30_vs_stock_offload_bs1": _ratio(g("reap_30", "decode_tok_s_bs1"), g("stock_offload", "decode_tok_s_bs1")),
@@ -88,6 +112,35 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         # prefill staging (issue 26): time to first token, lower is better
         "ttft_stage_vs_stock_offload_bs1": _ratio(g("reap_30_stage", "ttft_ms_bs1"), g("stock_offload", "ttft_ms_bs1")),
         "ttft_stage_vs_reap_30_bs1": _ratio(g("reap_30_stage", "ttft_ms_bs1"), g("reap_30", "ttft_ms_bs1")),
+    }
+    for n in lens or []:  # time to first token per prompt length, lower is better
+        t = f"ttft_ms_p{n}"
+        out[f"ttft_stage_vs_stock_offload_p{n}"] = _ratio(g("reap_30_stage", t), g("stock_offload", t))
+        out[f"ttft_reap_vs_stock_offload_p{n}"] = _ratio(g("reap_30", t), g("stock_offload", t))
+        out[f"ttft_stage_vs_reap_30_p{n}"] = _ratio(g("reap_30_stage", t), g("reap_30", t))
+    return out
+
+
+PREFILL_TARGETS = {"ttft_8k_vs_stock_offload": (8192, 0.8), "ttft_32k_s": (32768, 2.5)}
+"""Issue 26's prefill acceptance: the staging arm's TTFT at 8K prompt tokens <= 0.8x stock offload's, at 32K <= 2.5 s."""
+
+
+def acceptance(arms: dict[str, dict[str, Any]], lens: list[int]) -> dict[str, Any]:
+    """Issue 26's prefill targets, checked on ``reap_30_stage`` (reap-swap with prefill staging): each with its value,
+    target and ``met`` (None when that length, or an arm it needs, did not run or has no time), and the arm's
+    identical-ids check at that length beside it (a fast prefill that changes the output would not count)."""
+    stage, stock = arms.get("reap_30_stage") or {}, arms.get("stock_offload") or {}
+    n8, max8 = PREFILL_TARGETS["ttft_8k_vs_stock_offload"]
+    n32, max32 = PREFILL_TARGETS["ttft_32k_s"]
+    r8 = _ratio(stage.get(f"ttft_ms_p{n8}"), stock.get(f"ttft_ms_p{n8}")) if n8 in lens else None
+    ms32 = stage.get(f"ttft_ms_p{n32}") if n32 in lens else None
+    s32 = ms32 / 1e3 if ms32 is not None else None
+    return {
+        "arm": "reap_30_stage",
+        "ttft_8k_vs_stock_offload": {"prompt_len": n8, "value": r8, "target_max": max8, "met": r8 <= max8 if r8 is not None else None,
+                                     "identical_ids": stage.get(f"identical_ids_p{n8}")},
+        "ttft_32k_s": {"prompt_len": n32, "value": s32, "target_max": max32, "met": s32 <= max32 if s32 is not None else None,
+                       "identical_ids": stage.get(f"identical_ids_p{n32}")},
     }
 
 
@@ -124,15 +177,9 @@ def _fmt(x: Any, spec: str = ".1f") -> str:
     return format(x, spec)
 
 
-def markdown(result: dict[str, Any]) -> str:
+def _arm_table(result: dict[str, Any]) -> list[str]:
+    """One row per arm of a one-length run: decode at batch 1 and 8, TTFT, hits, link bytes, memory, syncs, ids."""
     lines = [
-        f"# bench-gpu — {result['date']}",
-        "",
-        f"{result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}, torch {result.get('torch', '?')}; model {result['model']['shape']} "
-        f"({result['model']['layers']} layers x {result['model']['experts']} experts x {result['model']['expert_mb']:.2f} MB, top-{result['model']['top_k']}, dummy weights, per-layer routers)",
-        f"command: `{result['command']}`",
-        f"decode tok/s: {result.get('decode_estimator', '')}",
-        "",
         "| arm | decode tok/s bs1 | decode tok/s bs8 | TTFT bs1 ms | decode hit rate | link MB/token | GPU GiB | pinned host GiB | syncs/step | identical ids bs1 / bs8 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -146,8 +193,55 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt(a['hit_rate_decode'], '.3f')} | {_fmt(lb / 1e6 if lb is not None else None, '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['syncs_per_decode_step'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a.get('identical_ids_bs8'))} |"
         )
+    return lines
+
+
+def _length_table(result: dict[str, Any], lens: list[int]) -> list[str]:
+    """One row per arm of a several-length run (batch 1): a TTFT column per prompt length, then decode, memory,
+    staged experts and identical ids, each listed over the lengths in order."""
+    per = " / ".join(f"{n:,}" for n in lens)
+    head = ["arm", *(f"TTFT {n:,} ms" for n in lens), f"decode tok/s bs1 ({per})", "GPU GiB", "pinned host GiB",
+            f"staged experts ({per})", f"identical ids ({per})"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, a in result["arms"].items():
+        if a.get("error"):
+            lines.append(f"| {name} | error: {a['error'][:80]} |" + " |" * (len(head) - 2))
+            continue
+
+        def each(key: str, spec: str = ".1f", a: dict[str, Any] = a) -> str:
+            return " / ".join(_fmt(a.get(f"{key}_p{n}"), spec) for n in lens)
+
+        cells = [name, *(_fmt(a.get(f"ttft_ms_p{n}")) for n in lens), each("decode_tok_s_bs1"), _fmt(a.get("gpu_used_gib"), ".2f"),
+                 _fmt(a.get("pinned_host_gib"), ".2f"), each("staged_experts", "d"), each("identical_ids")]
+        lines.append("| " + " | ".join(cells) + " |")
+    ref = next((a.get("identical_ids_reference") for a in result["arms"].values() if a.get("identical_ids_reference")), None)
+    if ref:
+        lines += ["", f"identical ids: each length's greedy ids against {ref}'s."]
+    return lines
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"# bench-gpu — {result['date']}",
+        "",
+        f"{result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}, torch {result.get('torch', '?')}; model {result['model']['shape']} "
+        f"({result['model']['layers']} layers x {result['model']['experts']} experts x {result['model']['expert_mb']:.2f} MB, top-{result['model']['top_k']}, dummy weights, per-layer routers)",
+        f"command: `{result['command']}`",
+        f"decode tok/s: {result.get('decode_estimator', '')}",
+        "",
+    ]
+    lens = result.get("prompt_lens") or []
+    lines += _length_table(result, lens) if lens else _arm_table(result)
     lines += ["", "| ratio | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v, '.3f')} |" for k, v in result["ratios"].items()]
+    acc = result.get("acceptance")
+    if acc:
+        lines += ["", f"Acceptance (issue 26, {acc['arm']}):", ""]
+        for key, t in acc.items():
+            if isinstance(t, dict):
+                verdict = "not measured" if t["met"] is None else "met" if t["met"] else "not met"
+                lines.append(f"- {key} (prompt {t['prompt_len']:,} tokens): {_fmt(t['value'], '.3f')}, target <= {t['target_max']}: {verdict}; "
+                             f"identical ids {_fmt(t.get('identical_ids'))}")
     if result.get("syncs_per_decode_step") is not None:
         lines += ["", f"Host synchronizations per decode step (torch.profiler, batch 1): reap_all {result['syncs_per_decode_step']:.2f}, "
                   f"stock {_fmt(result.get('syncs_per_decode_step_stock'), '.2f')}; added by reap-swap: {_fmt(result.get('syncs_added_per_decode_step'), '.2f')}."]
