@@ -173,3 +173,44 @@ def test_stick_and_depth_options_train_and_are_logged(train_moe, tmp_path: Path)
     assert all(0.0 <= r["stick_loss"] <= 1.0 for r in recs)
     args = json.loads((out / "eval.json").read_text())["args"]
     assert args["stick_coef"] == "0.5" and args["aux_depth_ratio"] == "0.2"
+
+
+def test_full_softmax_stickiness_rewards_flat_routers_and_the_top_k_one_does_not(train_moe) -> None:  # noqa: ANN001
+    """Why the v2 sibling's router went flat: shrinking the router logits drives the full-softmax distance to 0
+    while the top-k picks stay what they were; the top-k distance (renormalised gate weights) stays at
+    1 - the shared mass, and is exactly 0 / 1 for identical / disjoint top-k sets."""
+    import torch
+
+    e, k, batch = 16, 4, 1
+    torch.manual_seed(0)
+    logits = torch.randn(2, e) * 3
+    full = [float(train_moe.router_stick_loss((logits * s,), e, batch)) for s in (1.0, 0.1, 0.001)]
+    topk = [float(train_moe.router_stick_loss((logits * s,), e, batch, top_k=k)) for s in (1.0, 0.1, 0.001)]
+    assert full[0] > full[1] > full[2] and full[2] < 0.01
+    sets = [set(torch.topk(logits[i], k).indices.tolist()) for i in range(2)]
+    assert topk[2] == pytest.approx(1 - len(sets[0] & sets[1]) / k, abs=0.02) and topk[2] > 0.25
+    same = logits[:1].expand(2, e)
+    assert float(train_moe.router_stick_loss((same,), e, batch, top_k=k)) == pytest.approx(0.0, abs=1e-6)
+    disjoint = torch.full((2, e), -5.0)
+    disjoint[0, :k] = 5.0
+    disjoint[1, k:2 * k] = 5.0
+    assert float(train_moe.router_stick_loss((disjoint,), e, batch, top_k=k)) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_stick_warmup_and_top_k_options_train(train_moe, tmp_path: Path) -> None:  # noqa: ANN001
+    import argparse
+
+    ns = argparse.Namespace(stick_coef=0.5, stick_warmup_steps=3)
+    assert [train_moe.stick_weight(s, ns) for s in range(5)] == [0.0, 0.0, 0.0, 0.5, 0.5]
+    assert train_moe.stick_weight(0, argparse.Namespace(stick_coef=0.5)) == 0.5  # callers without the option
+    data = _packed(tmp_path / "data.npz")
+    out = tmp_path / "run"
+    assert train_moe.main(["--data", str(data), "--out", str(out), "--device", "cpu", "--moe-impl", "dense", "--batch-size", "2",
+                           "--seq-len", "32", "--eval-windows", "1", "--eval-every", "0", "--warmup-steps", "1", "--log-every", "1",
+                           "--steps", "3", "--aux-per-layer", "--stick-coef", "0.5", "--stick-topk", "--stick-warmup-steps", "2",
+                           *TINY]) == 0
+    recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["stick_loss"] <= 1.0 for r in recs)
+    assert recs[0]["loss"] == pytest.approx(recs[0]["lm_loss"] + 0.01 * recs[0]["aux_loss"], rel=1e-5)  # no stickiness yet
+    args = json.loads((out / "eval.json").read_text())["args"]
+    assert args["stick_topk"] == "True" and args["stick_warmup_steps"] == "2"

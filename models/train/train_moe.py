@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stick-coef", type=float, default=0.0,
                     help="router stickiness: weight of the mean total-variation distance between consecutive tokens' router "
                          "distributions (per layer, within a sequence); > 0 makes neighbouring tokens share experts")
+    ap.add_argument("--stick-topk", action="store_true",
+                    help="with --stick-coef: measure the distance on each token's top-k gate weights (renormalised, as "
+                         "norm_topk_prob routes) instead of the full softmax; the full-softmax distance is smallest for flat "
+                         "router distributions, so it also shrinks the router logits")
+    ap.add_argument("--stick-warmup-steps", type=int, default=0,
+                    help="with --stick-coef: no stickiness for this many steps, so the routers commit before the loss that "
+                         "pulls neighbouring tokens' router distributions together (and toward flat ones) starts")
     ap.add_argument("--router-z-coef", type=float, default=0.0,
                     help="router z-loss coefficient (ST-MoE: mean logsumexp(router logits)^2); keeps router logits small")
     ap.add_argument("--router-init-std", type=float, default=None,
@@ -103,7 +110,7 @@ def lr_at(step: int, total: int, args: argparse.Namespace) -> float:
 
 
 def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = False, z: bool = True,
-             depth_ratio: float = 1.0, stick: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             depth_ratio: float = 1.0, stick: bool = False, stick_topk: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Next-token CE, the Switch-style router balance loss (HF's own when it returns it, or per layer, optionally
     graded in depth), the router z-loss and the stickiness loss (each of the last two zero, not computed, when off:
     training without them does not pay for them every step)."""
@@ -117,8 +124,14 @@ def lm_aux_z(model, x: torch.Tensor, y: torch.Tensor, cfg, per_layer: bool = Fal
         aux = balance_loss(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok)
     zero = torch.zeros((), device=lm.device)
     z_loss = router_z_loss(out.router_logits, cfg.num_experts) if z else zero
-    stick_loss = router_stick_loss(out.router_logits, cfg.num_experts, x.shape[0]) if stick else zero
+    stick_loss = router_stick_loss(out.router_logits, cfg.num_experts, x.shape[0],
+                                   cfg.num_experts_per_tok if stick_topk else 0) if stick else zero
     return lm, aux.float(), z_loss, stick_loss
+
+
+def stick_weight(step: int, args: argparse.Namespace) -> float:
+    """The stickiness loss's weight at ``step`` (0-based): 0 during --stick-warmup-steps, then --stick-coef."""
+    return 0.0 if step < getattr(args, "stick_warmup_steps", 0) else args.stick_coef
 
 
 def lm_and_aux(model, x: torch.Tensor, y: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,14 +162,22 @@ def per_layer_balance_loss(router_logits, n_exp: int, top_k: int, depth_ratio: f
     return (losses * depth_weights(losses.numel(), depth_ratio).to(losses.device)).mean()
 
 
-def router_stick_loss(router_logits, n_exp: int, batch: int) -> torch.Tensor:
+def router_stick_loss(router_logits, n_exp: int, batch: int, top_k: int = 0) -> torch.Tensor:
     """Mean over layers and adjacent token pairs (within a sequence) of the total-variation distance between
     their router distributions, in [0, 1]: the published models reuse ~45 % of their experts at the next
     token; a small model learns token-identity routing that reuses far fewer, and this pulls it toward
-    routing that follows the context."""
+    routing that follows the context.
+
+    ``top_k`` > 0: the distributions are each token's top-k gate weights renormalised (zero elsewhere), the
+    gate mass the experts really get; the distance is then 1 - the mass both tokens put on shared experts,
+    which flat router logits do not lower (the full-softmax distance is smallest for flat distributions, and
+    a small model's router then goes flat: its top-k picks stop following the balance loss)."""
     losses = []
     for t in _router_layers(router_logits):
         p = torch.softmax(t.float().reshape(batch, -1, n_exp), dim=-1)
+        if top_k > 0:
+            w, ids = torch.topk(p, top_k, dim=-1)
+            p = torch.zeros_like(p).scatter(-1, ids, w / w.sum(-1, keepdim=True))
         losses.append(0.5 * (p[:, 1:] - p[:, :-1]).abs().sum(-1).mean())
     return torch.stack(losses).mean()
 
@@ -338,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"step {step:6d} lr {lr:.2e} lm {rec['lm_loss']:.4f} aux {rec['aux_loss']:.4f} "
             f"gnorm {rec['grad_norm']:.2f} {rec['tok_per_s']/1e6:.2f}M tok/s")
 
-    def train_step(lr: float):
+    def train_step(lr: float, step: int = 10**9):
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, train.numel() - args.seq_len - 1, (args.batch_size,), device=device, generator=gen)
@@ -346,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         with amp():
             lm, aux, z, stick = lm_aux_z(fwd_model, batch[:, :-1], batch[:, 1:], config, args.aux_per_layer,
                                          z=bool(args.router_z_coef), depth_ratio=args.aux_depth_ratio,
-                                         stick=bool(args.stick_coef))
-            loss = lm + args.aux_coef * aux + args.router_z_coef * z.to(lm.device) + args.stick_coef * stick.to(lm.device)
+                                         stick=bool(args.stick_coef), stick_topk=args.stick_topk)
+            loss = lm + args.aux_coef * aux + args.router_z_coef * z.to(lm.device) + stick_weight(step, args) * stick.to(lm.device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -358,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     # HF's MoE forward if the dense path fails, and halve the batch on out-of-memory.
     for _attempt in range(5):
         try:
-            lm, aux, loss, gnorm, stick = train_step(lr_at(start_step, total_steps, args))
+            lm, aux, loss, gnorm, stick = train_step(lr_at(start_step, total_steps, args), start_step)
             sync()
             break
         except Exception as exc:  # noqa: BLE001
@@ -417,12 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in order:
             try:
                 set_impl(name)
-                train_step(lr_at(step + done, total_steps, args))  # warm-up of this path (autotune, allocator)
+                train_step(lr_at(step + done, total_steps, args), step + done)  # warm-up of this path (autotune, allocator)
                 done += 1
                 sync()
                 t0 = time.time()
                 for _ in range(n):
-                    train_step(lr_at(step + done, total_steps, args))
+                    train_step(lr_at(step + done, total_steps, args), step + done)
                     done += 1
                 sync()
                 impl_trial[name] = round((time.time() - t0) / n * 1000, 2)
@@ -447,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         lr = lr_at(step, total_steps if args.steps > 0 or t_calib is not None or start_step else 10**9, args)
         try:
-            lm, aux, loss, gnorm, stick = train_step(lr)
+            lm, aux, loss, gnorm, stick = train_step(lr, step)
         except Exception as exc:  # noqa: BLE001 - keep what was trained: evaluate and save anyway
             error = repr(exc)
             log(f"training stopped by {error}")
