@@ -485,7 +485,8 @@ class ReapWorkerExtension:
 
     def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
-        out = cpu_path_summary(list(self._reap().cpu_paths.values()))
+        paths = list(self._reap().cpu_paths.values())
+        out = cpu_path_summary(paths)
         if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
                          out["bad_id_layers"])
