@@ -16,9 +16,14 @@ def test_sibling_has_the_routing_shape_and_fits_the_size_budget() -> None:
     assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["model_type"]) == (128, 8, "qwen3_moe")
     assert sum(f.stat().st_size for f in model.iterdir()) <= 8 * 2**20
     routing = json.loads((model / "routing.json").read_text())["reports"]
-    trained = [layer["mean_token_entropy_bits"] for layer in routing["trained"]["layers"]]
-    random = [layer["mean_token_entropy_bits"] for layer in routing["random"]["layers"]]
-    assert max(trained) < min(random) - 0.25  # confident, learned routing in every layer
+    trained = [layer["mi_domain_expert_bits"] for layer in routing["trained"]["layers"]]
+    random = [layer["mi_domain_expert_bits"] for layer in routing["random"]["layers"]]
+    # learned routing in every layer: the experts chosen say which domain the text is, far more than at random init
+    # (per-token softmax entropy is no test here: v2's top-k stickiness and balance keep the full softmax near flat)
+    assert all(t >= 2.5 * r for t, r in zip(trained, random)) and len(trained) == cfg["num_hidden_layers"]
+    locality = json.loads((model / "locality.json").read_text())
+    assert locality["num_experts"] == 128 and locality["top_k"] == 8
+    assert min(locality["reuse_next_token"]) > 4 * 8 / 128  # sticky decode routing: random top-8 of 128 reuses 1/16
 
 
 def test_observe_plan_and_record_on_the_sibling(tmp_path: Path) -> None:
