@@ -125,6 +125,9 @@ def test_control_plane_reports_a_broken_layer_until_the_repair_succeeds(tmp_path
     assert not asyncio.run(plane.resync())  # ranks agree on the sets, but rank 1's layer 1 is broken and the repair failed
     st = plane.resident_summary()
     assert st["consistent"] is False and "layer_1" in st["inconsistent_reason"] and "rank 1" in st["inconsistent_reason"]
+    last = st["last_resync"]  # what the repair saw, read by read
+    assert last["consistent"] is False and [r["broken_ranks"] for r in last["reads"]] == [["rank 1"], ["rank 1"]]
+    assert len(set(st["rank_signatures"])) == 1  # the sets agree; the broken bookkeeping is what keeps it inconsistent
     payload = {"request_id": "r", "phase": "prefill", "active_set": {"layer_0": [0, 1, 2, 3, 4]}}
     with pytest.raises(HTTPError) as err:  # the next swap resyncs first: the repair fails once more, so 503
         ranks.repairs_failing = 1

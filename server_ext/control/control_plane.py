@@ -109,6 +109,11 @@ class ControlPlane:
         self.bucket: TokenBucket | None = None
         self.inconsistent: str | None = None
         """Why the resident view cannot be trusted (None: every rank agrees with it)."""
+        self.rank_signatures: list[str] = []
+        """Each rank's resident-set signature at the last read of every rank (rank order)."""
+        self.last_resync: dict[str, Any] | None = None
+        """What the last repair saw and did, read by read: when, each rank's signature, broken ranks; its outcome."""
+        self._resync_reads: list[dict[str, Any]] | None = None
 
     async def start(self) -> None:
         """Install residency in every worker and check the plan fits the served model."""
@@ -143,6 +148,9 @@ class ControlPlane:
         states = [parse_resident(a["resident"]) for a in answers]
         broken = {f"rank {r}": dict(a["problems"]) for r, a in enumerate(answers) if a.get("problems")}
         self.resident = states[0] if states else self.resident
+        self.rank_signatures = [signature(s) for s in states]
+        if self._resync_reads is not None:
+            self._resync_reads.append({"when": when, "rank_signatures": list(self.rank_signatures), "broken_ranks": sorted(broken)})
         if broken:
             self.inconsistent = f"layers inconsistent {when}: {broken}"[:2000]
             return False
@@ -161,6 +169,16 @@ class ControlPlane:
         """Re-read every rank; repair broken layers' bookkeeping, bring disagreeing ranks to rank 0's
         set. True when consistent; until then the view stays inconsistent (swaps answer 503)."""
         self.counters.resyncs += 1
+        self._resync_reads = []
+        consistent = False
+        try:
+            consistent = await self._resync()
+            return consistent
+        finally:
+            self.last_resync = {"reads": self._resync_reads, "consistent": consistent, "reason_left": self.inconsistent}
+            self._resync_reads = None
+
+    async def _resync(self) -> bool:
         try:
             answers = await self._read_ranks()
             if self._check_ranks(answers, "after re-read"):
@@ -373,6 +391,8 @@ class ControlPlane:
             "slots": {f"layer_{i}": n for i, n in sorted(self.capacity.items())},
             "consistent": self.inconsistent is None,
             "inconsistent_reason": self.inconsistent,
+            "rank_signatures": list(self.rank_signatures),
+            "last_resync": self.last_resync,
         }
 
     def forensics(self, request_id: str) -> dict[str, Any]:
