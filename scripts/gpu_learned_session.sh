@@ -11,6 +11,8 @@
 #   bash scripts/gpu_learned_session.sh bench $OUT                # again: --resume skips finished arms
 #   V2=1 WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2 bash scripts/gpu_learned_session.sh bench $OUT  # v2's trace
 #   V2=1 ALSO_V1=1 ... bench $OUT   # each arm runs v2's workload, then v1's on the same engine (RESULT_ALSO names v1's JSON)
+#   EXTRA=32 ARMS=stock_gpu,stock_offload,reap_cache,reap_static_cpu,reap_fast V2=1 ALSO_V1=1 WORKDIR=bs32 \
+#     RESULT=bench_gpu_fast_v2 RESULT_ALSO=bench_gpu_fast bash scripts/gpu_learned_session.sh bench $OUT   # issue 25's batch 32
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -45,7 +47,8 @@ bench)
   [ -f $W/learned128_t0.8.npz ] && [ -f $W/learned_sets.json ] && TRACE=$W/learned128_t0.8.npz SETS=$W/learned_sets.json
   # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
   [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
-  A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume"
+  # EXTRA=32: more batch sizes timed like bs8 (bench-gpu --extra-batches; not with the classifier arms)
+  A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume${EXTRA:+ --extra-batches $EXTRA}"
   # ALSO_V1=1 (with V2=1): every arm also runs v1's trace and sets on the same engine after v2's workload
   # (bench-gpu --also-trace: one engine build, two workloads, v1 beside v2 in one run), result RESULT_ALSO
   also() { [ "${ALSO_V1:-0}" = 1 ] && echo "--also-trace $R/benchmarks/traces/learned128_t0.8.npz --also-sets $R/benchmarks/results/learned_sets.json --also-out $1"; }
