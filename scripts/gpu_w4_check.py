@@ -1,12 +1,12 @@
 """GPU check of 4-bit (W4A16) experts through the slot bank (issue 27 item 3; vLLM 0.26+, CUDA).
 
 The 30B-A3B shape (24 layers, vLLM dummy weights) with a compressed-tensors W4A16 config (int4, group
-128, symmetric, every Linear but the head and the router; ``gpu_arm.W4A16_CONFIG``), in fresh
+128, symmetric, every Linear but the head and the router; ``dummy_weights.W4A16_CONFIG``), in fresh
 processes (bench-gpu's arms): stock vLLM all on the GPU (the reference ids), then reap-swap at 38 slots
 per layer -- after a calibration swap (``reap_30``), with the online cache (``reap_30_cache``) and in
 RAM-complement mode (``reap_30_ram``). vLLM's dummy loader leaves integer parameters (the packed int4
 weights) uninitialized, so every arm fills them with the same seeded bits before Marlin repacks them
-(``gpu_arm.deterministic_int_dummies``). Every reap arm must load (the packed weights banked, scales
+(``dummy_weights.deterministic_int_dummies``). Every reap arm must load (the packed weights banked, scales
 and shape records beside the bank, 168 physical rows here) and generate greedy ids identical to stock
 W4A16's, batch 1 and batch 8.
 

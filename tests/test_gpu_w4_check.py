@@ -19,7 +19,7 @@ def _script():
 
 
 def test_w4a16_engine_kwargs_carry_a_compressed_tensors_config() -> None:
-    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks import dummy_weights, gpu_arm
 
     spec = {"model": "m", "dtype": "bfloat16", "max_model_len": 128, "batch": 8, "device": "cuda", "kv_cache_gib": 1.0, "kind": "stock",
             "quantization": "w4a16"}
@@ -31,11 +31,11 @@ def test_w4a16_engine_kwargs_carry_a_compressed_tensors_config() -> None:
     assert (w["num_bits"], w["group_size"], w["symmetric"], w["actorder"]) == (4, 128, True, None)
     assert "re:.*mlp.gate$" in qc["ignore"], "the router stays in the model dtype (the arms reseed it)"
     qc["ignore"].append("x")
-    assert "x" not in gpu_arm.W4A16_CONFIG["ignore"], "each engine gets its own copy"
+    assert "x" not in dummy_weights.W4A16_CONFIG["ignore"], "each engine gets its own copy"
 
 
 def test_integer_dummy_weights_are_filled_the_same_in_every_arm(monkeypatch: pytest.MonkeyPatch) -> None:
-    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks import dummy_weights
 
     utils = pytest.importorskip("vllm.model_executor.model_loader.weight_utils")
     loader = pytest.importorskip("vllm.model_executor.model_loader.dummy_loader")
@@ -43,8 +43,8 @@ def test_integer_dummy_weights_are_filled_the_same_in_every_arm(monkeypatch: pyt
         for name in ("initialize_single_dummy_weight", "initialize_dummy_weights"):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, getattr(mod, name))
-    assert gpu_arm.deterministic_int_dummies() is True
-    assert gpu_arm.deterministic_int_dummies() is False, "idempotent"
+    assert dummy_weights.deterministic_int_dummies() is True
+    assert dummy_weights.deterministic_int_dummies() is False, "idempotent"
 
     def load() -> list[torch.Tensor]:
         ts = [torch.empty(4, 8, dtype=torch.int32), torch.zeros(3, dtype=torch.bfloat16), torch.empty(2, 0, dtype=torch.int32)]
@@ -59,7 +59,7 @@ def test_integer_dummy_weights_are_filled_the_same_in_every_arm(monkeypatch: pyt
         for name in ("initialize_single_dummy_weight",):
             if hasattr(mod, name):
                 monkeypatch.setattr(mod, name, getattr(mod, name))
-    gpu_arm.deterministic_int_dummies()
+    dummy_weights.deterministic_int_dummies()
     b = load()
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "two processes' arms fill identical weights"
 

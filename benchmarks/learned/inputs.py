@@ -54,6 +54,15 @@ class TraceRequest:
         return asdict(self)
 
 
+Batch = tuple[str, list[TraceRequest], Target | None]
+"""(tag, requests run together, resident set to swap to first or None)."""
+
+
+def tp_of(spec: Mapping[str, Any]) -> int:
+    """An arm spec's tensor-parallel size (1 when absent)."""
+    return int(spec.get("tensor_parallel_size") or 1)
+
+
 @dataclass
 class LearnedSets:
     slots: int

@@ -1,0 +1,78 @@
+"""What vLLM's dummy loader needs to build quantized experts alike in every bench arm (``gpu_arm``).
+
+The checkpoint configs the arms pretend to load (FP8 block scales, compressed-tensors W4A16), and the
+seeded fill of integer parameters, which the dummy loader leaves uninitialized.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FP8_BLOCK_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+W4A16_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+                                  "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
+                                              "dynamic": False, "actorder": None, "observer": "minmax"}}},
+    "ignore": ["lm_head", "re:.*mlp.gate$"],
+    "kv_cache_scheme": None,
+}
+"""What W4A16 checkpoints of Qwen3-MoE carry (llm-compressor's ``W4A16`` preset): every Linear 4-bit but the
+head and the router (``mlp.gate``, which ``llm_probe.reseed_gates`` rewrites in the model dtype)."""
+
+
+def deterministic_int_dummies(seed: int = 1234) -> bool:
+    """vLLM's dummy loader fills floating parameters only; integer ones (packed int4 weights, zero points)
+    stay ``torch.empty`` on CUDA: whatever the allocator hands out, different in each process, so two arms
+    would serve different models. This fills them with seeded random bits on their device before
+    ``process_weights_after_loading`` repacks them (every 4-bit pattern is a valid weight), the same in
+    every arm that calls it. Patched where the loaders look the function up; True if anything was patched."""
+    import importlib
+
+    import torch
+
+    def fill(param: torch.Tensor, index: int) -> None:
+        if param.device.type == "meta" or torch.is_floating_point(param) or param.numel() == 0:
+            return
+        gen = torch.Generator(device=param.device).manual_seed(seed + index)
+        info = torch.iinfo(param.dtype)
+        param.data.copy_(torch.randint(info.min, info.max, tuple(param.shape), generator=gen, device=param.device, dtype=param.dtype))
+
+    patched = False
+    utils = importlib.import_module("vllm.model_executor.model_loader.weight_utils")
+    try:
+        loader = importlib.import_module("vllm.model_executor.model_loader.dummy_loader")
+    except ImportError:
+        loader = None
+    single = getattr(utils, "initialize_single_dummy_weight", None)
+    if single is not None and not hasattr(single, "reap_wrapped"):
+        count = [0]
+
+        def initialize_single_dummy_weight(param: Any, *args: Any, **kwargs: Any) -> None:
+            single(param, *args, **kwargs)
+            count[0] += 1
+            with torch.no_grad():
+                fill(param, count[0])
+
+        initialize_single_dummy_weight.reap_wrapped = single  # type: ignore[attr-defined]
+        for mod in (utils, loader):
+            if mod is not None and getattr(mod, "initialize_single_dummy_weight", None) is single:
+                setattr(mod, "initialize_single_dummy_weight", initialize_single_dummy_weight)
+                patched = True
+    whole = getattr(utils, "initialize_dummy_weights", None)  # older vLLMs: one call over the model's state dict
+    if whole is not None and not hasattr(whole, "reap_wrapped"):
+
+        def initialize_dummy_weights(model: Any, *args: Any, **kwargs: Any) -> None:
+            whole(model, *args, **kwargs)
+            with torch.no_grad():
+                for i, param in enumerate(model.state_dict().values()):
+                    fill(param, i)
+
+        initialize_dummy_weights.reap_wrapped = whole  # type: ignore[attr-defined]
+        for mod in (utils, loader):
+            if mod is not None and getattr(mod, "initialize_dummy_weights", None) is whole:
+                setattr(mod, "initialize_dummy_weights", initialize_dummy_weights)
+                patched = True
+    return patched
