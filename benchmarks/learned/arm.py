@@ -300,7 +300,8 @@ def run(spec: dict[str, Any], res: Results) -> None:
     res.save("spec", without_refs(spec))  # with ``also``: what bench-gpu --resume compares
     res.save("versions", _versions(spec))
     trace = traces.load(spec["trace"])
-    replayed, starts = (trace, [0]) if also is None else traces.concat([trace, traces.load(also["trace"])])
+    also_trace = None if also is None else traces.load(also["trace"])
+    replayed, starts = (trace, [0]) if also_trace is None else traces.concat([trace, also_trace])
     tp = tp_of(spec)
     # TP > 1: the replay is installed in every worker (engine_kwargs' extension); none here
     routing: Any = trv.install(replayed, layers=spec["trace_layers"]) if tp == 1 else WorkerRouting()
@@ -344,7 +345,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
         second.save("trace_routing", view.describe())
         if spec["kind"] == "reap":
             second.save("start_swap", swap(llm, also["start"]))
-        run_workload(llm, view, traces.load(also["trace"]), {**spec, **also, "profile_steps": None}, second)
+        run_workload(llm, view, also_trace, {**spec, **also, "profile_steps": None}, second)
         if "profile" in res.data:  # profiled once per engine, on the first workload
             second.save("profile", {**res.data["profile"], "workload": spec["trace"]})
         second.save("done_s", time.perf_counter() - T0)

@@ -216,8 +216,7 @@ def pair_specs(first: list[dict[str, Any]], second: list[dict[str, Any]], also_d
                             "(one engine serves both: the sets files must use the same slot count)")
         if spec["trace_layers"] != other["trace_layers"]:
             raise SetsError(f"trace layers {spec['trace_layers']} vs {other['trace_layers']} on --also-trace (one replay serves both)")
-        engine = {k: max(int(spec.get(k) or 0), int(other.get(k) or 0)) or None for k in ENGINE_KEYS}
-        engine = {k: v for k, v in engine.items() if v is not None}
+        engine = {k: v for k in ENGINE_KEYS if (v := max(int(spec.get(k) or 0), int(other.get(k) or 0)))}
         also = {**other, **engine, "tag_prefix": ALSO_PREFIX, "out": str(also_dir / f"{spec['name']}.json")}
         out.append({**spec, **engine, "also": also})
     return out
