@@ -7,3 +7,5 @@ rm -rf /tmp/shim && mkdir -p $_shim
 for f in $R/reap_swap/*; do ln -s "$f" $_shim/; done
 for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $_shim/$p; done
 export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
+# The CLI from /tmp (outside the repo root, so the shim's reap_swap is the one imported): `rs bench-gpu ...`
+rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }

@@ -29,7 +29,6 @@ A=(--shape 30b-a3b-24l --device cuda --arms ${ARMS:-stock_offload,reap_static_cp
    --repeats 3 --requests-per-stream 3 --min-requests 8 --max-tokens 64
    --trace $R/benchmarks/traces/learned128_t0.8.npz --sets $R/benchmarks/results/learned_sets.json
    --start-timeout-s ${START_TIMEOUT:-360} --tag h200 --workdir $W/work --out $RESULT --resume --deadline-s ${DEADLINE:-540})
-rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 if [ -n "${DRY_RUN:-}" ]; then
   rs bench-serve "${A[@]}" --dry-run
   exit $?

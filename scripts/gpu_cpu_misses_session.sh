@@ -22,7 +22,6 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 source $R/scripts/device_shim.sh
 W=/tmp/cpum; mkdir -p $W $OUT
 py() { (cd /tmp && python3 "$@"); }
-rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 case $PHASE in
 check)
   export REAP_CPU_EXPERT_CPUS=${REAP_CPU_EXPERT_CPUS:-2-$(( $(nproc) - 1 ))}

@@ -29,7 +29,6 @@ R=$PWD
 export PYTHONUNBUFFERED=1
 source $R/scripts/device_shim.sh
 W=/tmp/learned; mkdir -p $W $OUT
-rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 
 case $PHASE in
 retrain)

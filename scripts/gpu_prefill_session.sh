@@ -17,7 +17,6 @@ R=$PWD
 export PYTHONUNBUFFERED=1
 source $R/scripts/device_shim.sh
 W=/tmp/prefill; mkdir -p $W $OUT
-rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 
 ARMS=${ARMS:-stock_offload,reap_30,reap_30_stage}
 A="--shape 30b-a3b-24l-40k --arms $ARMS --ttft-only --prompt-len ${LENS:-2048,8192,32768} --gen ${GEN:-16}"

@@ -29,7 +29,6 @@ R=$PWD
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 [ -n "${DRY_RUN:-}" ] || source $R/scripts/device_shim.sh
 W=/tmp/tp2; mkdir -p $W $OUT
-rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 exec 3>&1  # DRY_RUN prints the command lines here even where a command's output is redirected
 run() { if [ -n "${DRY_RUN:-}" ]; then echo "$*" >&3; else "$@"; fi; }
 
