@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from reap_swap.benchmarks import ledger_soak
-from tests.vllm_servers import complete, log_dir_for, require_vllm, start_reap
+from tests.vllm_servers import complete, log_dir_for, reap_status, require_vllm, start_reap
 
 pytestmark = pytest.mark.vllm
 CTL = {"X-Reap-Control-Token": ledger_soak.TOKEN}
@@ -39,9 +39,7 @@ def stack(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.T
 
 
 def status(url: str) -> dict[str, Any]:
-    r = httpx.get(url + "/reap/status", headers=CTL, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return reap_status(url, CTL)
 
 
 def misses(url: str, rid: str, reset: bool = False) -> httpx.Response:

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
 
 pytestmark = pytest.mark.vllm
 CORE = [0, 1, 2, 3]
@@ -32,9 +32,7 @@ def swap(url: str, rid: str, active: dict[str, list[int]]) -> httpx.Response:
 
 
 def status(url: str) -> dict[str, Any]:
-    r = httpx.get(url + "/reap/status", timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return reap_status(url)
 
 
 def test_exchange_fault_keeps_spares_and_a_broken_layer_is_inconsistent_until_repaired(server: dict[str, Any]) -> None:

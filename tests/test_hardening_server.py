@@ -23,7 +23,7 @@ import pytest
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 from tests.test_hardening import HOSTILE, _fit
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -83,9 +83,7 @@ def fake_state(fake: dict[str, Any]) -> dict[str, Any]:
 
 
 def status(url: str) -> dict[str, Any]:
-    r = httpx.get(url + "/reap/status", headers=KEY, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return reap_status(url, KEY)
 
 
 # -- 1. control plane closed by default ---------------------------------------------------------

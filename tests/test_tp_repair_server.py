@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
 
 pytestmark = pytest.mark.vllm
 API_KEY = "sk-tp2"
@@ -37,9 +37,7 @@ def tp2(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.Tem
 
 
 def status(url: str) -> dict[str, Any]:
-    r = httpx.get(url + "/reap/status", headers=KEY, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return reap_status(url, KEY)
 
 
 def swap(url: str, request_id: str, active: dict[str, list[int]]) -> httpx.Response:

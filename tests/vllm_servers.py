@@ -49,6 +49,13 @@ def complete(url: str, model: Path, prompt: str, max_tokens: int = 24, request_i
     return r.json()
 
 
+def reap_status(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """A ``reap-swap serve``'s ``/reap/status`` (200 asserted, the body shown otherwise)."""
+    r = httpx.get(url + "/reap/status", headers=headers or {}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 def token_ids(resp: dict[str, Any]) -> list[int]:
     return list(resp["choices"][0]["token_ids"])
 
