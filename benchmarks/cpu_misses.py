@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .tp import tp_of
+
 RESERVED_FOR_VLLM = 2
 
 
@@ -33,7 +35,7 @@ def apply_environment(spec: dict[str, Any]) -> None:
 
     os.environ[cp.ENV_CPU_EXPERTS] = "1"
     cores = sorted(os.sched_getaffinity(0))
-    tp = int(spec.get("tensor_parallel_size") or 1)
+    tp = tp_of(spec)
     if tp > 1:  # one core list per rank (server_ext/cpu_experts/cores.py), after RESERVED_PER_RANK x N cores left to vLLM
         from reap_swap.benchmarks import tp as tpm
         from reap_swap.server_ext.cpu_experts.cores import parse_rank_lists

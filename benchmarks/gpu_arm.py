@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .dummy_weights import FP8_BLOCK_CONFIG, W4A16_CONFIG, deterministic_int_dummies
+from .tp import tp_of
 
 T0 = time.perf_counter()
 
@@ -57,7 +58,7 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         enable_prefix_caching=False,
         seed=0,
         max_num_seqs=spec.get("max_num_seqs") or spec["batch"],
-        tensor_parallel_size=int(spec.get("tensor_parallel_size") or 1),
+        tensor_parallel_size=tp_of(spec),
     )
     if spec.get("max_batched_tokens"):
         kw.update(max_num_batched_tokens=spec["max_batched_tokens"], enable_chunked_prefill=True)
@@ -110,7 +111,7 @@ def _versions(spec: dict[str, Any] | None = None) -> dict[str, Any]:
     import vllm
 
     out: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__, "cuda": torch.version.cuda}
-    tp = int((spec or {}).get("tensor_parallel_size") or 1)
+    tp = tp_of(spec)
     if tp > 1:  # no CUDA context in the arm process: the ranks run in vLLM's worker processes (see _memory)
         out["tensor_parallel_size"] = tp
     elif torch.cuda.is_available():
@@ -144,7 +145,7 @@ def _memory(spec: dict[str, Any], init_s: float, llm: Any = None) -> dict[str, A
     import torch
 
     mem: dict[str, Any] = {"llm_init_s": init_s}
-    if int(spec.get("tensor_parallel_size") or 1) > 1 and llm is not None:  # per rank, read in each worker
+    if tp_of(spec) > 1 and llm is not None:  # per rank, read in each worker
         ranks = llm.collective_rpc(_worker_gpu)
         mem["by_rank"] = ranks
         used = [r["gpu_used_gib"] for r in ranks if r.get("gpu_used_gib") is not None]
@@ -294,18 +295,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
         _time_lengths(llm, spec, res, reap, bool(cpu))
         res.save("done_s", time.perf_counter() - T0)
         return
-    r1 = probe.decode_rate(llm, bs1, spec["gen"], spec["reps"])
-    tokens = r1.pop("tokens")[0]
-    res.save("bs1", r1)
-    if cpu:
-        res.save("cpu_path_bs1", cpu_misses.stats(llm))
-    res.save("tokens_bs1", tokens)
-    if spec.get("ref_tokens") is not None:
-        ref = spec["ref_tokens"]
-        res.save("identical_ids", tokens == ref)
-        res.save("first_diff", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
-    if reap and spec.get("env", {}).get("REAP_PREFILL_STAGING_ROWS"):
-        res.save("staging_bs1", _staging_books(llm, bs1))
+    _time_bs1(llm, spec, res, bs1, "", {}, bool(cpu), _staging(spec, reap))
     if spec.get("ttft_only"):  # long prompts: batch 1 only
         res.save("done_s", time.perf_counter() - T0)
         return
@@ -342,24 +332,35 @@ def _time_lengths(llm: Any, spec: dict[str, Any], res: Results, reap: bool, cpu:
     Each length's prompt is the one a single ``--prompt-len N`` run times (seed 0), so results compare across runs."""
     from reap_swap.benchmarks import llm_probe as probe
 
-    staging = reap and bool((spec.get("env") or {}).get("REAP_PREFILL_STAGING_ROWS"))
     res.save("scheduler", _scheduler(llm))
     for n in spec["prompt_lens"]:
-        prompts = probe.random_prompts(1, n, spec["vocab"], seed=0)
-        r = probe.decode_rate(llm, prompts, spec["gen"], spec["reps"])
-        tokens = r.pop("tokens")[0]
-        res.save(f"bs1_p{n}", {**r, "prompt_len": n})
-        if cpu:
-            from reap_swap.benchmarks import cpu_misses
+        _time_bs1(llm, spec, res, probe.random_prompts(1, n, spec["vocab"], seed=0), f"_p{n}", {"prompt_len": n}, cpu, _staging(spec, reap))
 
-            res.save(f"cpu_path_bs1_p{n}", cpu_misses.stats(llm))
-        res.save(f"tokens_bs1_p{n}", tokens)
-        ref = spec.get(f"ref_tokens_p{n}")
-        if ref is not None:
-            res.save(f"identical_ids_p{n}", tokens == ref)
-            res.save(f"first_diff_p{n}", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
-        if staging:
-            res.save(f"staging_bs1_p{n}", _staging_books(llm, prompts))
+
+def _staging(spec: dict[str, Any], reap: bool) -> bool:
+    return reap and bool((spec.get("env") or {}).get("REAP_PREFILL_STAGING_ROWS"))
+
+
+def _time_bs1(llm: Any, spec: dict[str, Any], res: Results, prompts: list[dict[str, list[int]]], suffix: str, extra: dict[str, Any],
+              cpu: bool, staging: bool) -> None:
+    """Batch 1 on ``prompts``: decode rate (a warm-up, medians of ``reps``), the CPU path's counters, the ids and their check
+    against ``ref_tokens<suffix>``, the staging books; saved under ``bs1<suffix>``, ``identical_ids<suffix>``, ..."""
+    from reap_swap.benchmarks import llm_probe as probe
+
+    r = probe.decode_rate(llm, prompts, spec["gen"], spec["reps"])
+    tokens = r.pop("tokens")[0]
+    res.save(f"bs1{suffix}", {**r, **extra})
+    if cpu:
+        from reap_swap.benchmarks import cpu_misses
+
+        res.save(f"cpu_path_bs1{suffix}", cpu_misses.stats(llm))
+    res.save(f"tokens_bs1{suffix}", tokens)
+    ref = spec.get(f"ref_tokens{suffix}")
+    if ref is not None:
+        res.save(f"identical_ids{suffix}", tokens == ref)
+        res.save(f"first_diff{suffix}", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
+    if staging:
+        res.save(f"staging_bs1{suffix}", _staging_books(llm, prompts))
 
 
 def _scheduler(llm: Any) -> dict[str, Any]:

@@ -393,10 +393,10 @@ def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: st
     """The result JSON; a several-``--prompt-len`` run adds ``prompt_lens`` and issue 26's prefill ``acceptance``."""
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
-    tp = int(settings.get("tensor_parallel_size") or 1)
+    tp = tpm.tp_of(settings)
     lens = prompt_lens(raw)
     timed = [v for r in raw.values() for k, v in r.items() if k == "bs1" or k.startswith("bs1_p")]
-    result = {
+    return {
         **run_header(raw, shape, date, command, settings),
         "tensor_parallel_size": tp,
         "decode_estimator": (
@@ -410,12 +410,10 @@ def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: st
         "syncs_per_decode_step_stock": syncs_stock,
         "syncs_added_per_decode_step": syncs - syncs_stock if syncs is not None and syncs_stock is not None else None,
         "law": law_check(raw, shape),
+        # before raw, beside the arms: what bench_prefill_<gpu>.json is read for
+        **({"prompt_lens": lens, "acceptance": acceptance(arms, lens)} if lens else {}),
         "raw": raw,
     }
-    if lens:  # before raw, beside the arms: what bench_prefill_<gpu>.json is read for
-        extra = {"prompt_lens": lens, "acceptance": acceptance(arms, lens)}
-        result = {k: v for k, v in result.items() if k != "raw"} | extra | {"raw": raw}
-    return result
 
 
 def _write(result: dict[str, Any], args: argparse.Namespace, out: Path, views: str = "bench_gpu") -> int:

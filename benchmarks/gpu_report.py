@@ -6,6 +6,7 @@ from typing import Any
 
 from .hostlink import LinkModel, compare
 from .shapes import MoeShape
+from .tp import tp_of
 
 
 def _get(d: dict[str, Any], *path: str) -> Any:
@@ -18,19 +19,19 @@ def _get(d: dict[str, Any], *path: str) -> Any:
 
 def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     spec = raw.get("spec", {})
+    tp = tp_of(spec)
     hits1 = _get(raw, "hits_bs1", "hit_rate_decode")
     missed = _get(raw, "hits_bs1", "missed_pairs_per_token")
     if spec.get("kind") == "stock":
         # Stock decode reads every routed expert of each offloaded layer over the link.
         # (cpu_offload_gb is per GPU and each of the tensor_parallel_size ranks holds 1/N of every expert;
         # link bytes count every rank's link)
-        tp = int(spec.get("tensor_parallel_size") or 1)
         offloaded_layers = (spec.get("offload_gib") or 0.0) * 2**30 / (shape.experts * shape.expert_bytes / tp)
         link_bytes = offloaded_layers * shape.top_k * shape.expert_bytes
     else:
         link_bytes = missed * shape.expert_bytes if missed is not None else None
     return {
-        "tensor_parallel_size": int(spec.get("tensor_parallel_size") or 1),
+        "tensor_parallel_size": tp,
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
         "decode_tok_s_bs8": _get(raw, "bs8", "decode_tok_s"),
         "decode_tok_s_bs1_e2e": _get(raw, "bs1", "decode_tok_s_e2e"),

@@ -21,6 +21,12 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+
+def tp_of(spec: Any) -> int:
+    """The tensor-parallel size a spec, settings or result dict names (1 when absent or None)."""
+    return int((spec or {}).get("tensor_parallel_size") or 1)
+
+
 RESERVED_PER_RANK = 2
 """Cores kept for vLLM per rank (the one-GPU bench keeps 2: ``cpu_misses.RESERVED_FOR_VLLM``): with
 N ranks the engine core's process and N worker processes each have a busy thread (launches, NCCL)."""

@@ -32,6 +32,7 @@ from reap_swap.planning.clock_arms import offload_fractions
 from reap_swap.planning.traces import RoutingTrace
 
 from .sets import SetsError  # the one error of a bad sets file, re-exported for the bench
+from ..tp import tp_of  # noqa: F401 - re-exported for the learned arms
 from ..trace_routing import prompt_lengths
 
 LayerSets = dict[int, list[int]]
@@ -56,11 +57,6 @@ class TraceRequest:
 
 Batch = tuple[str, list[TraceRequest], Target | None]
 """(tag, requests run together, resident set to swap to first or None)."""
-
-
-def tp_of(spec: Mapping[str, Any]) -> int:
-    """An arm spec's tensor-parallel size (1 when absent)."""
-    return int(spec.get("tensor_parallel_size") or 1)
 
 
 @dataclass

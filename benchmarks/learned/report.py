@@ -39,7 +39,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
                       f"ttft_ms_{key}": _get(raw, key, "ttft_ms"), f"hit_rate_decode_{key}": _get(hits, key, "hit_rate_decode"),
                       f"hit_rate_decode_{key}_offline": _get(spec, "offline", key, "hit_rate_decode"),
                       f"link_bytes_per_token_{key}": link(key), f"identical_ids_{key}": raw.get(f"identical_ids_{key}")})
-    tp = int(spec.get("tensor_parallel_size") or 1)
+    tp = tpm.tp_of(spec)
     if tp > 1:
         extra["gpu_used_gib_by_rank"] = [r.get("gpu_used_gib") for r in _get(raw, "memory", "by_rank") or []]
         extra["trace_routing_attached_all_ranks"] = _get(raw, "trace_routing", "attached_all_ranks")
@@ -197,7 +197,7 @@ def complement_summary(result: dict[str, Any]) -> dict[str, Any] | None:
 
 def summarize(raw: dict[str, dict[str, Any]], shape: MoeShape, date: str, command: str, settings: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
-    tp = int(settings.get("tensor_parallel_size") or 1)
+    tp = tpm.tp_of(settings)
     return {
         "mode": "learned",
         **run_header(raw, shape, date, command, settings),
@@ -262,7 +262,7 @@ def markdown(result: dict[str, Any]) -> str:
         for name, a in result["arms"].items():
             lines.append(f"| {name} | " + " | ".join(f"{_fmt(a.get(f'decode_tok_s_{b}'))} | {_fmt(a.get(f'hit_rate_decode_{b}'), '.3f')} | "
                                                      f"{_fmt(a.get(f'identical_ids_{b}'))}" for b in extra) + " |")
-    if int(result.get("tensor_parallel_size") or 1) > 1:
+    if tpm.tp_of(result) > 1:
         lines += ["", f"tensor_parallel_size {result['tensor_parallel_size']}: stock offload's cpu_offload_gb is per GPU (each rank holds "
                   "1/N of every expert); link MB/token counts every rank's link; GPU GiB is the fullest rank's."]
     lines += ["", "| ratio (decode tok/s) | value |", "|---|---|"]
