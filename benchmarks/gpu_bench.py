@@ -58,7 +58,7 @@ from . import tp as tpm
 from .gpu_report import acceptance, arm_summary, law_check, markdown, prompt_lens, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
-ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_stage")
+ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -106,6 +106,9 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         # reap_30 with the CPU expert path (issue 16): the same set, part of each step's misses computed by the host CPU
         "reap_30_cpu": {**base, "name": "reap_30_cpu", "kind": "reap", "slots": slots30, "calibrate": True, "cpu_experts": True,
                         "profile_steps": args.profile_steps},
+        # the composed fast mode (issue 25; what ``serve --fast`` runs): reap_30_cpu with the online cache
+        "reap_30_fast": {**base, "name": "reap_30_fast", "kind": "reap", "slots": slots30, "calibrate": True, "cpu_experts": True,
+                         "env": {"REAP_ONLINE_CACHE": "lfru"}, "profile_steps": args.profile_steps},
         # reap_30 with prefill staging (issue 26): large steps copy their missed experts once into staging rows
         "reap_30_stage": {**base, "name": "reap_30_stage", "kind": "reap", "slots": slots30, "calibrate": True,
                           "env": {"REAP_PREFILL_STAGING_ROWS": str(args.staging_rows or shape.experts - slots30),

@@ -27,6 +27,8 @@ from typing import Any
 
 PINNED_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # ggml-org/llama.cpp, as vendored by llama-cpp-python 0.3.36
 TG_DEFAULT = 128
+OTHER_ARMS = ("stock_offload", "reap_30", "reap_30_fast")
+"""Arms of the same bench-gpu run reported beside ``reap_30_cpu`` when present (the composed fast mode among them)."""
 LLAMA_FLAGS = ("n_gpu_layers", "n_cpu_moe", "n_threads", "cpu_mask", "cpu_strict", "poll", "flash_attn", "n_batch",
                "n_ubatch", "type_k", "type_v", "no_op_offload", "load_mode", "repack", "model_type", "model_size",
                "model_n_params", "backends", "gpu_info", "cpu_info", "build_commit", "build_number")
@@ -131,29 +133,47 @@ def ours_summary(kernel: dict[str, Any] | None, gpu: dict[str, Any] | None, miss
             missing[f"ours.cpu_kernel_GBps_bs{b}"] = "no native backend figure in the kernel JSON"
     out["cpu_kernel_source"] = src if native else None
     out["cpu_kernel_threads"] = (k or {}).get("threads")
+    out[arm] = gpu_arm_summary(gpu, arm, missing)
+    for other in OTHER_ARMS:
+        if other in (((gpu or {}).get("arms")) or {}):
+            out[other] = gpu_arm_summary(gpu, other, {})
+    return out
+
+
+def gpu_arm_summary(gpu: dict[str, Any] | None, arm: str, missing: dict[str, str]) -> dict[str, Any]:
+    """One bench-gpu arm's figures. A several-``--prompt-len`` run (``--ttft-only --prompt-len 256,2048``) gives decode at its
+    shortest length and TTFT per length; its 2048-token TTFT becomes ``prefill_tok_s_pp2048`` = 2048 / TTFT."""
     a = ((gpu or {}).get("arms") or {}).get(arm)
     r: dict[str, Any] = {"decode_tok_s_bs1": None, "decode_tok_s_bs8": None, "prefill_tok_s_pp2048": None}
     if a is None:
         missing[f"ours.{arm}.decode_tok_s_bs1"] = f"no bench-gpu JSON with an {arm} arm given"
     else:
-        r["decode_tok_s_bs1"] = a.get("decode_tok_s_bs1")
-        r["decode_tok_s_bs8"] = a.get("decode_tok_s_bs8")
-        r["ttft_ms_bs1"] = a.get("ttft_ms_bs1")
-        r["slots"] = a.get("slots")
+        lens = sorted(int(n) for n in (gpu or {}).get("prompt_lens") or [])
         settings = (gpu or {}).get("settings") or {}
-        r["prompt_len"] = settings.get("prompt_len")
-        r["source"] = {"date": (gpu or {}).get("date"), "command": (gpu or {}).get("command")}
-        cpu_path = a.get("cpu_path_bs1") or (((gpu or {}).get("raw") or {}).get(arm) or {}).get("cpu_path_bs1") or {}
+        r["prompt_len"] = lens[0] if lens else settings.get("prompt_len")
+        suffix = f"_p{lens[0]}" if lens else ""
+        r["decode_tok_s_bs1"] = a.get("decode_tok_s_bs1") if a.get("decode_tok_s_bs1") is not None else a.get(f"decode_tok_s_bs1{suffix}")
+        r["decode_tok_s_bs8"] = a.get("decode_tok_s_bs8")
+        r["ttft_ms_bs1"] = a.get("ttft_ms_bs1") if a.get("ttft_ms_bs1") is not None else a.get(f"ttft_ms{suffix}")
+        r["slots"] = a.get("slots")
+        r["source"] = {"date": (gpu or {}).get("date"), "command": (gpu or {}).get("command"), "gpu": (gpu or {}).get("gpu")}
+        raw = ((gpu or {}).get("raw") or {}).get(arm) or {}
+        cpu_path = a.get("cpu_path_bs1") or raw.get("cpu_path_bs1") or raw.get(f"cpu_path_bs1{suffix}") or {}
         r["threads"] = cpu_path.get("threads") if isinstance(cpu_path, dict) else None
         r["prefill_tok_s_pp2048"] = a.get("prefill_tok_s_pp2048")
+        if r["prefill_tok_s_pp2048"] is None and a.get("ttft_ms_p2048"):
+            r["ttft_ms_p2048"] = a["ttft_ms_p2048"]
+            r["prefill_tok_s_pp2048"] = 2048 / (a["ttft_ms_p2048"] / 1e3)
+            r["prefill_pp2048_how"] = ("2048 / TTFT of a 2048-token prompt through vLLM (prefill plus the first decode step, "
+                                       "scheduler included): a lower bound on prefill tok/s beside llama-bench's bare pp2048")
         if r["ttft_ms_bs1"] and r["prompt_len"]:
             r["prefill_tok_s_from_ttft"] = r["prompt_len"] / (r["ttft_ms_bs1"] / 1e3)
     if r["prefill_tok_s_pp2048"] is None:
         missing[f"ours.{arm}.prefill_tok_s_pp2048"] = (
             "bench-gpu measures no 2048-token prefill: it reports TTFT of a "
-            f"{r.get('prompt_len') or '?'}-token prompt (prefill + first step, through vLLM's scheduler)")
-    out[arm] = r
-    return out
+            f"{r.get('prompt_len') or '?'}-token prompt (prefill + first step, through vLLM's scheduler); "
+            "run it with --ttft-only --prompt-len 256,2048")
+    return r
 
 
 def gpu_expert_share(layers: int, experts: int, n_cpu_moe: int | None, slots: int | None) -> dict[str, Any]:
@@ -191,6 +211,7 @@ def join(llama_rows: list[dict[str, Any]] | None, llama_meta: dict[str, Any] | N
         "ours_vs_llamacpp_pp2048": _ratio(ours["prefill_tok_s_pp2048"], llama.get("prefill_tok_s_pp2048")),
         "ours_vs_llamacpp_pp256_ttft": _ratio(ours.get("prefill_tok_s_from_ttft"), llama.get("prefill_tok_s_pp256"))
         if ours.get("prompt_len") == 256 else None,
+        "ours_fast_vs_llamacpp_bs1": _ratio((result["ours"].get("reap_30_fast") or {}).get("decode_tok_s_bs1"), llama["decode_tok_s_bs1"]),
         "ours_cpu_kernel_vs_kt_bs1": _ratio(result["ours"]["cpu_kernel_GBps_bs1"], result["kt_kernel"]["GBps_bs1"]),
         "ours_cpu_kernel_vs_kt_bs8": _ratio(result["ours"]["cpu_kernel_GBps_bs8"], result["kt_kernel"]["GBps_bs8"]),
     }

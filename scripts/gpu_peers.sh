@@ -11,8 +11,11 @@
 #     kt      kt-kernel 0.6.1's AMXBF16_MOE vs our native CPU kernel, same threads/cores, batch 1 and 8
 #             (bench_cpu_kernel --kt; < 1.5 min); if it dies (SIGILL: AMX refused), once more with
 #             KT_MOE_CLASS=AVX2BF16_MOE -> kt_vs_ours_avx2.json
+#     ours    bench-gpu dummy-routing arms stock_offload,reap_30,reap_30_cpu,reap_30_fast (OURS_ARMS) on this machine:
+#             decode at 256 prompt tokens, TTFT at 256 and 2048 (--ttft-only --prompt-len 256,2048), CPU team on
+#             PEER_CPUS (~2.5-4 min an arm; resumable: a rerun on the same warm machine runs the arms left)
 # Files under $OUT (at most 7 a call): peers.log, build.json, gguf.json, llamacpp_bench.json,
-# llamacpp_bench.meta.json, llamacpp_all_gpu.json, kt_vs_ours.json (kt_vs_ours_avx2.json).
+# llamacpp_bench.meta.json, llamacpp_all_gpu.json, kt_vs_ours.json (kt_vs_ours_avx2.json), bench_gpu_peers_ours.{json,md}.
 #   bash scripts/gpu_peers.sh report DIR       # here, on the CPU box: DIR = the fetched $OUT files ->
 #             benchmarks/results/peers_h200.json (benchmarks/peers.py; ours from bench_gpu_cpu_dummy.json)
 #
@@ -60,7 +63,7 @@ if [ "$PHASES" = report ]; then
     --llamacpp "$D/llamacpp_bench.json" --llamacpp-all-gpu "$D/llamacpp_all_gpu.json" --kt "$D/kt_vs_ours.json" \
     --kt-fallback "$D/kt_vs_ours_avx2.json" \
     --ours-kernel "$R/benchmarks/results/cpu_kernel_h200.json" \
-    --ours-gpu "${OURS_GPU:-$R/benchmarks/results/bench_gpu_cpu_dummy.json}" \
+    --ours-gpu "${OURS_GPU:-$D/bench_gpu_peers_ours.json}" \
     --out "${REPORT_OUT:-$R/benchmarks/results/peers_h200.json}"
   exit $?
 fi
@@ -218,12 +221,24 @@ phase_kt() {
   return $rc
 }
 
+phase_ours() {  # ours on this machine, in this session: the dummy-routing arms at 256 (decode) and 2048 (TTFT) tokens
+  local arms=${OURS_ARMS:-stock_offload,reap_30,reap_30_cpu,reap_30_fast}
+  log "ours: bench-gpu --arms $arms --ttft-only --prompt-len 256,2048 --gen ${OURS_GEN:-64}, CPU team on cores $CPUS"
+  REAP_CPU_EXPERT_CPUS=$CPUS rs bench-gpu --shape 30b-a3b-24l --arms "$arms" --ttft-only --prompt-len 256,2048 --gen "${OURS_GEN:-64}" \
+    --no-sweep --profile-steps 0 --workdir "$P/ours" --resume --deadline-s "$(left 560)" --out "$P/bench_gpu_peers_ours.json" \
+    > "$P/ours.log" 2>&1; local rc=$?
+  tail -c 2500 "$P/ours.log" >> "$LOG"; cp "$P/ours/arms.log" "$OUT/ours_arms.log" 2>/dev/null
+  keep bench_gpu_peers_ours.json bench_gpu_peers_ours.md
+  log "ours rc=$rc"
+  return $rc
+}
+
 status=0
 IFS=, read -ra list <<< "$PHASES"
 for ph in "${list[@]}"; do
   case $ph in
-    build|gguf|bench|kt) t=$(date +%s); "phase_$ph" || status=1; log "phase $ph: $(( $(date +%s) - t )) s" ;;
-    *) echo "unknown phase $ph (build, gguf, bench, kt; or report DIR)"; exit 2 ;;
+    build|gguf|bench|kt|ours) t=$(date +%s); "phase_$ph" || status=1; log "phase $ph: $(( $(date +%s) - t )) s" ;;
+    *) echo "unknown phase $ph (build, gguf, bench, kt, ours; or report DIR)"; exit 2 ;;
   esac
 done
 exit $status

@@ -215,3 +215,20 @@ def test_scripts_agree_on_the_pinned_commit_and_parse() -> None:
     for script in ("gpu_peers.sh", "peers_llamacpp_export.sh"):
         subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], check=True)
     assert "/.peers/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_join_reads_a_several_length_run_for_decode_and_pp2048() -> None:
+    """``--ttft-only --prompt-len 256,2048``: decode at the shortest length, prefill tok/s = 2048 / its TTFT; the fast arm beside."""
+    arm = {"decode_tok_s_bs1_p256": 90.0, "ttft_ms_p256": 50.0, "decode_tok_s_bs1_p2048": 85.0, "ttft_ms_p2048": 800.0, "slots": 38}
+    gpu = {"date": "d", "command": "c", "gpu": "NVIDIA H100", "prompt_lens": [256, 2048], "settings": {"prompt_len": 256},
+           "arms": {"reap_30_cpu": arm, "reap_30_fast": {**arm, "decode_tok_s_bs1_p256": 120.0}},
+           "raw": {"reap_30_cpu": {"cpu_path_bs1_p256": {"threads": {"n": 14}}}}}
+    res = peers.join(_rows(), None, KERNEL, gpu)
+    ours = res["ours"]["reap_30_cpu"]
+    assert ours["decode_tok_s_bs1"] == 90.0 and ours["prompt_len"] == 256 and ours["threads"] == {"n": 14}
+    assert ours["prefill_tok_s_pp2048"] == pytest.approx(2048 / 0.8)
+    assert res["ratios"]["ours_vs_llamacpp_pp2048"] == pytest.approx(2048 / 0.8 / 1500.0)
+    assert res["ratios"]["ours_vs_llamacpp_bs1"] == pytest.approx(90.0 / 40.0)
+    assert res["ratios"]["ours_fast_vs_llamacpp_bs1"] == pytest.approx(120.0 / 40.0)
+    assert "ours.reap_30_cpu.prefill_tok_s_pp2048" not in res["missing"]
+    assert res["ours"]["reap_30_fast"]["decode_tok_s_bs1"] == 120.0
