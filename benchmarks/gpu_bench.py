@@ -392,8 +392,26 @@ def length_refs(name: str, stock: dict[str, Any], lens: list[int]) -> dict[str, 
     return {**refs, "ref_tokens_from": name} if refs else {}
 
 
+def fill_length_identity(raw: dict[str, dict[str, Any]]) -> None:
+    """Per-length identical-ids checks an arm could not make in its process because the reference stock arm ran after it
+    (``--arms reap_30_stage,stock_offload``): its ids against the reference's, compared here, marked ``..._after_run``."""
+    lens = prompt_lens(raw)
+    stock = [n for n in ("stock_gpu", *raw) if (raw.get(n) or {}).get("spec", {}).get("kind") == "stock"]
+    refs = next((length_refs(n, raw[n], lens) for n in stock if length_refs(n, raw[n], lens)), {})
+    for r in raw.values():
+        if r.get("spec", {}).get("kind") != "reap" or not refs:
+            continue
+        for n in lens:
+            mine, ref = r.get(f"tokens_bs1_p{n}"), refs.get(f"ref_tokens_p{n}")
+            if r.get(f"identical_ids_p{n}") is None and mine is not None and ref is not None:
+                r[f"identical_ids_p{n}"] = mine == ref
+                r[f"first_diff_p{n}"] = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), None)
+                r["spec"]["ref_tokens_from"] = refs["ref_tokens_from"] + " (compared after the run: it ran after this arm)"
+
+
 def summarize(raw: dict[str, dict[str, Any]], shape: Any, date: str, command: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The result JSON; a several-``--prompt-len`` run adds ``prompt_lens`` and issue 26's prefill ``acceptance``."""
+    fill_length_identity(raw)
     arms = {name: arm_summary(r, shape) for name, r in raw.items()}
     syncs, syncs_stock = arms.get("reap_all", {}).get("syncs_per_decode_step"), arms.get("stock_gpu", {}).get("syncs_per_decode_step")
     tp = tpm.tp_of(settings)

@@ -1,13 +1,13 @@
 """Join the peer runs of issue 28 into one result: llama.cpp ``--n-cpu-moe`` and kt-kernel vs ours (pure).
 
-Inputs are the files ``scripts/gpu_peers.sh`` leaves under $OUT on the H200 machine, plus one of
+Inputs are the files ``scripts/gpu_peers.sh`` leaves under $OUT on the GPU machine, plus one of
 our bench-gpu results (the ``reap_30_cpu`` arm) measured on the same kind of machine:
 
 * ``llamacpp_bench.json``: llama-bench ``-o json`` rows (``n_prompt``/``n_gen``/``avg_ts``...),
   with ``llamacpp_bench.meta.json`` beside it (command, why that ``--n-cpu-moe``, the GGUF);
 * ``kt_vs_ours.json``: ``bench_cpu_kernel --kt`` output: our native kernel and kt-kernel's
   BF16 MoE on the same threads and cores (``backends.native`` / ``kt_kernel_comparison``);
-* a bench-gpu JSON (``arms.reap_30_cpu``).
+* a bench-gpu JSON (``arms.reap_30_cpu``; the ``ours`` phase of ``gpu_peers.sh`` writes ``bench_gpu_peers_ours.json`` on the same machine).
 
 Every figure is copied from those files, never estimated: a missing one is ``null`` and
 ``missing[<key>]`` says why. Units: tokens/s for llama.cpp and our decode figures; GB/s = 1e9
@@ -198,7 +198,8 @@ def join(llama_rows: list[dict[str, Any]] | None, llama_meta: dict[str, Any] | N
                    + str((kernel or {}).get("kt_kernel_comparison_error") or "no figures") + ")")
         kernel = kt_fallback
     result: dict[str, Any] = {
-        "what": "issue 28: llama.cpp --n-cpu-moe and kt-kernel vs REAP-swap on one H200 host, 30b-a3b-24l shape, bf16",
+        "what": "issue 28: llama.cpp --n-cpu-moe and kt-kernel vs REAP-swap on one GPU host, 30b-a3b-24l shape, bf16",
+        "gpu": (gpu or {}).get("gpu"),
         "llamacpp": llama,
         "kt_kernel": {**kt_summary(kernel, missing), "fallback": kt_note},
         "ours": ours_summary(kernel, gpu, missing, kernel_fallback),

@@ -17,7 +17,7 @@
 # Files under $OUT (at most 7 a call): peers.log, build.json, gguf.json, llamacpp_bench.json,
 # llamacpp_bench.meta.json, llamacpp_all_gpu.json, kt_vs_ours.json (kt_vs_ours_avx2.json), bench_gpu_peers_ours.{json,md}.
 #   bash scripts/gpu_peers.sh report DIR       # here, on the CPU box: DIR = the fetched $OUT files ->
-#             benchmarks/results/peers_h200.json (benchmarks/peers.py; ours from bench_gpu_cpu_dummy.json)
+#             benchmarks/results/peers_h200.json, or REPORT_OUT (benchmarks/peers.py; ours from the ours phase's bench_gpu_peers_ours.json)
 #
 # Device calls, back to back on one warm machine (/tmp and /dev/shm survive only while it stays warm,
 # ~30 s idle), each carrying the two files (4.6 MiB together, made here first with
@@ -26,6 +26,9 @@
 #           ".peers/kt_kernel-0.6.1-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"]
 #   1. bash scripts/gpu_peers.sh kt,build $OUT            (timeout_s 600; ~1.5 + 4-8 min)
 #   2. bash scripts/gpu_peers.sh gguf,bench $OUT          (timeout_s 600; ~1 + 2-3 min)
+#   3. source /tmp/stage/setup_on_device.sh && bash scripts/gpu_peers.sh ours $OUT   (vLLM staged first; ~8 min)
+# What ran on 2026-12-06 (H100 machine): `build` in the background (setsid) during vLLM's staging calls,
+# with `gguf` beside it, then `bench,kt` (95 s), then `ours` (467 s).
 # Each call stops its phases by DEADLINE_S (560 s) after its start; a build cut short goes on in a
 # third call `build` (same warm machine), then `gguf,bench`.
 # Later phases do what they need first if it is missing (bench builds and writes the GGUF), so a

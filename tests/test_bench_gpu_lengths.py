@@ -245,3 +245,16 @@ def test_cpu_two_lengths_in_one_engine(tmp_path: Path) -> None:
     assert res["ratios"]["ttft_stage_vs_stock_offload_p64"] is None
     assert res["acceptance"]["ttft_8k_vs_stock_offload"]["met"] is None
     assert "TTFT 64 ms" in (tmp_path / "bench_prefill.md").read_text()
+
+
+def test_identity_is_compared_after_the_run_when_the_reference_ran_later() -> None:
+    """``--arms reap_30_stage,stock_offload``: the reap arm had no reference ids in its process; the summary compares them."""
+    stage = {**_arm("reap", {64: 5.0, 128: 8.0}), "tokens_bs1_p128": [1, 2, 4]}
+    stage["spec"].pop("ref_tokens_from")
+    res = _summary({"reap_30_stage": stage, "stock_offload": _arm("stock", {64: 10.0, 128: 20.0})})
+    arm = res["arms"]["reap_30_stage"]
+    assert arm["identical_ids_p64"] is True and arm["identical_ids_p128"] is False
+    assert res["raw"]["reap_30_stage"]["first_diff_p128"] == 2
+    assert "compared after the run" in arm["identical_ids_reference"]
+    kept = _summary({"stock_offload": _arm("stock", {64: 10.0}), "reap_30": _arm("reap", {64: 5.0}, identical_ids_p64=False)})
+    assert kept["arms"]["reap_30"]["identical_ids_p64"] is False, "an arm's own check is never overwritten"
