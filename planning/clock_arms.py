@@ -202,7 +202,7 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
         for timed, decode, rows in batch_steps(trace, batch):
             tokens = len(rows)
             c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast"), cpu_path=arm.cpu is not None and tokens <= arm.cpu.step_tokens,
-                                 reap=reap)
+                                 reap=reap, promote_beside_cpu=arm.kind == "fast")
             if arm.kind == "stock_offload":
                 c.resident, c.link = c.resident.astype(float), c.link.astype(float)
             pairs = missed_pairs = 0

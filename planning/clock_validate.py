@@ -1,16 +1,18 @@
-"""The clock against the H200: calibrate it from measured files, replay the bench, compare (pure numpy).
+"""The clock against measured runs: calibrate it from a machine's files, replay the bench, compare (pure numpy).
 
 Why: a step-time model is only worth choosing policies by if it predicts the arms we measured.
-``calibrate`` builds the ``Clock`` from the committed H200 results (every constant names its
-file and key); the only fitted constant is ``base_ms`` (the non-MoE step), taken from the
-``stock_gpu`` arm alone. ``validate`` replays the exact requests ``bench-gpu --trace`` timed
-(the workload its JSON lists) through every arm's rules (``clock_arms``) and reports the median
-simulated step next to the measured median step, arm by arm, at batch 1 and 8.
+``calibrate`` builds the ``Clock`` from one machine's committed results (``Machine``: every constant
+names its file and key, or says it is an estimate); the only fitted constant is ``base_ms`` (the
+non-MoE step), taken from the ``stock_gpu`` arm alone. ``validate`` replays the exact requests
+``bench-gpu --trace`` timed (the workload its JSON lists) through every arm's rules (``clock_arms``)
+and reports the median simulated step next to the measured median step, arm by arm, at batch 1 and 8.
+Machines: the H200 runs behind issue 25's table, and the H100 run of 2026-12-06 on v1's and v2's traces.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -25,15 +27,53 @@ LEARNED_CPU = "bench_gpu_learned_cpu.json"
 RELAYOUT = "relayout_check_h200.json"
 HOST_BUS = "host_bus_h200.json"
 SPLIT = "split_kernel_h200.json"
+H100_V1 = "bench_gpu_learned_v1_beside_v2.json"
+H100_V2 = "bench_gpu_learned_v2.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
 ISSUE25 = {"stock_gpu": (468.4, 1986.0), "stock_offload": (37.2, 70.3), "reap_cache": (119.6, 163.1),
            "reap_static_cpu": (175.7, 315.4), "reap_cache_cpu": (118.0, 245.3)}
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_classifier_complement",
-        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast")
-PREDICTED = ("reap_fast",)
-"""Arms with no measurement yet (serve --fast, the composed order): their measured fields are null."""
+        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast", "reap_fast_classifier")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where one machine's clock inputs live under the results folder: (file, dotted key) per constant.
+
+    ``learned`` holds stock_gpu (the fit), the workload the bench timed and the cache's knobs; ``learned_cpu``
+    the static + CPU arm (the CPU team's achieved rate, the split's cost model). A constant nothing measured
+    on that machine is an ``estimate`` (value, why), named in the provenance; ``host_dram`` None: no shared
+    ceiling was measured, so none applies (link + CPU rate, which never binds)."""
+
+    name: str
+    learned: str
+    learned_cpu: str
+    link: tuple[str, str]
+    hbm: tuple[str, str] | None = None
+    hbm_estimate: tuple[float, str] | None = None
+    host_dram: tuple[str, str] | None = None
+    cpu_layer: tuple[str, str] = (SPLIT, "check_chain_24_layers_T1.cpu_never_chosen.median_ms_24_layers")
+    cpu_layer_unit: str = "ms_all_layers"
+    """``ms_all_layers``: the split + merge chain over every layer (ms); ``us_per_step``: a profile's device µs per step."""
+    issue25: Mapping[str, tuple[float, float]] = dataclass_field(default_factory=dict)
+    """Issue 25's quoted tok/s, for arms with no committed run JSON (H200 only)."""
+
+
+H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
+               hbm=(RELAYOUT, "vmm_check.read_GBps_slot_rows"), host_dram=(HOST_BUS, "cpu_n8_with_link.sum_GBps"), issue25=ISSUE25)
+_H100_HBM = (3802.5 * 3.35 / 4.8, "not measured on the H100: the H200's measured slot-row read (3802.5 GB/s, relayout_check_h200.json) "
+             "scaled by the parts' HBM peaks (3.35 / 4.8 TB/s)")
+
+
+def _h100(name: str, run: str) -> Machine:
+    return Machine(name, run, run, link=(run, "raw.reap_static_cpu.cpu_path_bs1.measured.link_GBps"), hbm_estimate=_H100_HBM,
+                   cpu_layer=(run, "arms.reap_static_cpu.reap_kernels._split_kernel.device_us_per_step"), cpu_layer_unit="us_per_step")
+
+
+MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2": _h100("h100-30b-a3b-v2", H100_V2)}
+"""``simulate --machine``: the H200 runs (issue 25's table), and the H100 run of 2026-12-06 on v1's and v2's traces."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:
@@ -69,9 +109,9 @@ class Sources:
         return value
 
 
-def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, bs: int) -> list[Batch]:
+def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, bs: int, machine: Machine = H200) -> list[Batch]:
     """The batches ``bench-gpu --trace`` timed for ``arm`` (its JSON's requests), each with the set installed before it."""
-    spec = src.get(LEARNED, "raw.reap_static.spec")
+    spec = src.get(machine.learned, "raw.reap_static.spec")
     name = Path(str(spec["trace"])).stem
     static = _sets(sets["sets"]["static_topk"])
     plan = _sets(sets["sets"]["plan"])
@@ -80,7 +120,7 @@ def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, 
         return Request(int(q["index"]), int(q["prompt_len"]), int(q["gen"]))
 
     def chosen(default: dict[int, np.ndarray], key: str) -> dict[int, np.ndarray]:
-        if arm.startswith("reap_classifier"):
+        if arm.startswith(("reap_classifier", "reap_fast_classifier")):
             block = sets["per_request"]["classifier" if bs == 1 else "classifier_bs8"]
             return _sets(block.get(name, block)[key])
         return plan if arm == "reap_plan" else default
@@ -94,61 +134,80 @@ def _sets(block: Mapping[str, Any]) -> dict[int, np.ndarray]:
     return {int(k.removeprefix("layer_")): np.asarray(v, dtype=np.int64) for k, v in block.items()}
 
 
-def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: int) -> Arm:
-    """``arm``'s rules as the H200 run set them (the cache's knobs and the split's cost model from the run JSONs)."""
-    oc = src.get(LEARNED, "arms.reap_cache.online_cache")
+def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: int, machine: Machine = H200) -> Arm:
+    """``arm``'s rules as the run set them (the cache's knobs and the split's cost model from the run JSONs)."""
+    oc = src.get(machine.learned, "arms.reap_cache.online_cache")
     cache = CacheRule(int(oc["cap"]), float(oc["decay"]), oc["hysteresis"], float(oc["prior_weight"]))
-    cm = src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
+    cm = src.get(machine.learned_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
     # runs before issue 26 name no step sizes past max_tokens: their larger steps sent every miss to the link
     cpu = SplitRule(cm["link_GBps"], cm["cpu_GBps"], cm["cpu_fixed_s"], cm["cpu_per_pair_s"], int(cm["max_tokens"]),
                     int(cm.get("max_step_tokens", 0)), int(cm.get("pair_budget", 0)))
     if arm == "stock_gpu":
         return Arm(arm, "stock_gpu")
     if arm == "stock_offload":
-        gib = float(src.get(LEARNED, "arms.stock_offload.offload_gib"))
+        gib = float(src.get(machine.learned, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
-    if arm == "reap_fast":
+    if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)
     if arm in ("reap_cache", "reap_cache_cpu"):
         return Arm(arm, "cache", cache=cache, cpu=cpu if arm == "reap_cache_cpu" else None)
     return Arm(arm, "static", cpu=cpu if arm == "reap_static_cpu" else None)
 
 
-def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path) -> Clock:
+def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine: Machine = H200) -> Clock:
     """The clock from the measured files; ``base_ms`` fitted on ``stock_gpu`` (its step minus its resident reads)."""
     src = Sources(results)
-    eb = int(src.get(LEARNED, "raw.stock_gpu.spec.expert_bytes", "expert_bytes"))
-    hbm = float(src.get(RELAYOUT, "vmm_check.read_GBps_slot_rows", "hbm_GBps"))
-    link = float(src.get(RELAYOUT, "vmm_check.read_GBps_host_rows", "link_GBps"))
-    kernels = src.get(LEARNED, "arms.reap_static.reap_kernels", "reap_step_ms")
-    cache_k = src.get(LEARNED, "arms.reap_cache.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
-    cm = src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
+    run, run_cpu = machine.learned, machine.learned_cpu
+    eb = int(src.get(run, "raw.stock_gpu.spec.expert_bytes", "expert_bytes"))
+    if machine.hbm is not None:
+        hbm = float(src.get(*machine.hbm, "hbm_GBps"))
+    elif machine.hbm_estimate is not None:
+        hbm = machine.hbm_estimate[0]
+        src.used["hbm_GBps"] = {"estimate": hbm, "why": machine.hbm_estimate[1]}
+    else:
+        raise ClockError(f"{machine.name}: no HBM read rate, measured or estimated")
+    link = float(src.get(*machine.link, "link_GBps"))
+    kernels = src.get(run, "arms.reap_static.reap_kernels", "reap_step_ms")
+    cache_k = src.get(run, "arms.reap_cache.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
+    cm = src.get(run_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
     for name, key in (("cpu_fixed_ms", "cpu_fixed_s"), ("cpu_pair_ms", "cpu_per_pair_s")):
-        src.get(LEARNED_CPU, f"raw.reap_static_cpu.cpu_path_bs1.cost_model.{key}", name)
+        src.get(run_cpu, f"raw.reap_static_cpu.cpu_path_bs1.cost_model.{key}", name)
         src.used[name]["unit"] = "s"
+    cpu = float(src.get(run_cpu, "raw.reap_static_cpu.cpu_path_bs1.cpu_GBps_achieved", "cpu_GBps"))
+    if machine.host_dram is not None:
+        host_dram = float(src.get(*machine.host_dram, "host_dram_GBps"))
+    else:
+        host_dram = link + cpu
+        src.used["host_dram_GBps"] = {"value": host_dram, "why": "no shared host-DRAM ceiling measured on this host: link + CPU rate, "
+                                                                 "which never binds (a weighted mean of the two pipes' times)"}
+    split = float(src.get(*machine.cpu_layer, "cpu_layer_ms"))
+    cpu_layer_ms = split / trace.num_layers if machine.cpu_layer_unit == "ms_all_layers" else split / 1e3 / trace.num_layers
     clock = Clock(
         base_ms=((1, 0.0), (8, 0.0)),
         hbm_GBps=hbm,
         link_GBps=link,
         promote_GBps=link,
-        cpu_GBps=float(src.get(LEARNED_CPU, "raw.reap_static_cpu.cpu_path_bs1.cpu_GBps_achieved", "cpu_GBps")),
-        host_dram_GBps=float(src.get(HOST_BUS, "cpu_n8_with_link.sum_GBps", "host_dram_GBps")),
+        cpu_GBps=cpu,
+        host_dram_GBps=host_dram,
         cpu_fixed_ms=cm["cpu_fixed_s"] * 1e3,
         cpu_pair_ms=cm["cpu_per_pair_s"] * 1e3,
         reap_step_ms=sum(float(k["device_us_per_step"]) for k in kernels.values()) / 1e3,
         cache_layer_ms=float(cache_k) / 1e3 / trace.num_layers,
-        cpu_layer_ms=float(src.get(SPLIT, "check_chain_24_layers_T1.cpu_never_chosen.median_ms_24_layers", "cpu_layer_ms")) / trace.num_layers,
+        cpu_layer_ms=cpu_layer_ms,
         expert_bytes=eb,
-        name="h200-30b-a3b",
+        name=machine.name,
     )
     src.used["promote_GBps"] = {**src.used["link_GBps"], "note": "the promotion copy (Triton, one program per pair and chunk) reads host rows as the fused kernel does"}
     base = []
     for bs in (1, 8):
-        measured = float(src.get(LEARNED, f"raw.stock_gpu.bs{bs}.step_ms_median", f"stock_gpu_bs{bs}_ms"))
-        steps = [s for s in replay(trace, workload(src, trace, sets, "stock_gpu", bs), arm_rules(src, "stock_gpu", eb, trace.num_layers, trace.num_experts), eb, 1) if s.timed]
+        measured = float(src.get(run, f"raw.stock_gpu.bs{bs}.step_ms_median", f"stock_gpu_bs{bs}_ms"))
+        rules = arm_rules(src, "stock_gpu", eb, trace.num_layers, trace.num_experts, machine)
+        steps = [s for s in replay(trace, workload(src, trace, sets, "stock_gpu", bs, machine), rules, eb, 1) if s.timed]
         resident = float(np.median([s.counts.resident.sum() for s in steps]))
         base.append((bs, measured - resident * eb / 1e6 / hbm))
+    promote_us = src.get(run, "arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step")
     prov = {
+        "machine": machine.name,
         "measured": src.used,
         "fit": {"base_ms": "per token count (1, 8): stock_gpu's median step minus its replayed resident reads at hbm_GBps; "
                            "fitted on the stock_gpu arm only (its error is 0 by construction); every other arm is a prediction"},
@@ -157,50 +216,52 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path) -> Clock
             "cpu_GBps is the CPU team's own counter (bytes over its busy time) from the reap_static_cpu run: measured, not fitted "
             "to step time, but taken in the run of an arm that is validated",
             "cpu_fixed_ms and cpu_pair_ms are the server's split settings (REAP_CPU_EXPERTS_FIXED_US / _PAIR_US defaults), not measurements",
-            "promote_GBps = the host-row read rate; the cache arm's profile (4.94 ms of _promote_kernel per step) over the replayed "
-            "32 promotions per step would mean ~61 GB/s, which would put reap_cache bs1 at about -14 %: the copies' launch and "
-            "ordering costs (66 launches per step against 32 without the cache) are not in that kernel time",
+            "promote_GBps = the host-row read rate; the promotion kernel's profiled device time is in promote_crosscheck",
         ],
-        "promote_crosscheck": "bench_gpu_learned.json arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step "
-                              f"= {src.get(LEARNED, 'arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step'):.0f} us over profiled steps",
+        "promote_crosscheck": f"{run} arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step = {promote_us:.0f} us over profiled steps",
     }
     return clock.replace(base_ms=tuple(base), fitted=("base_ms",), provenance=prov)
 
 
-def measured_ms(src: Sources, arm: str, bs: int) -> tuple[float | None, str]:
-    """The arm's measured median decode step (ms) and where it comes from."""
-    if arm in PREDICTED:
-        return None, "prediction: no measurement of this arm yet"
-    if arm == "reap_cache_cpu":
-        tok = ISSUE25[arm][0 if bs == 1 else 1]
+def measured_ms(src: Sources, arm: str, bs: int, machine: Machine = H200) -> tuple[float | None, str]:
+    """The arm's measured median decode step (ms) and where it comes from; None: a prediction (no run of it)."""
+    if arm == "reap_cache_cpu" and arm in machine.issue25:
+        tok = machine.issue25[arm][0 if bs == 1 else 1]
         return bs * 1e3 / tok, f"issue 25 text: {tok} tok/s (its run JSON is not committed)"
-    name = LEARNED_CPU if arm == "reap_static_cpu" else LEARNED
+    name = machine.learned_cpu if arm == "reap_static_cpu" else machine.learned
     dotted = f"raw.{arm}.bs{bs}.step_ms_median"
     try:
         return float(src.get(name, dotted)), f"benchmarks/results/{name} {dotted}"
     except ClockError:
-        return None, f"benchmarks/results/{name} has no {dotted}"
+        return None, f"prediction: benchmarks/results/{name} has no {dotted}"
 
 
-def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, arms: tuple[str, ...] = ARMS) -> dict[str, Any]:
+def arms_of(src: Sources, machine: Machine) -> tuple[str, ...]:
+    """The arms to validate on ``machine``: those its runs measured (and issue 25's quoted ones), plus the fast mode."""
+    ran = set(src.get(machine.learned, "raw")) | set(src.get(machine.learned_cpu, "raw")) | set(machine.issue25)
+    return tuple(a for a in ARMS if a in ran or a == "reap_fast")
+
+
+def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, arms: tuple[str, ...] | None = None,
+             machine: Machine = H200) -> dict[str, Any]:
     """Measured vs simulated median decode step per arm and batch size (see module doc)."""
     src = Sources(results)
-    eb = clock.expert_bytes or int(src.get(LEARNED, "raw.stock_gpu.spec.expert_bytes"))
+    eb = clock.expert_bytes or int(src.get(machine.learned, "raw.stock_gpu.spec.expert_bytes"))
     slots = int(sets["slots_per_layer"])
     rows = []
-    for arm in arms:
-        rules = arm_rules(src, arm, eb, trace.num_layers, trace.num_experts)
+    for arm in arms if arms is not None else arms_of(src, machine):
+        rules = arm_rules(src, arm, eb, trace.num_layers, trace.num_experts, machine)
         for bs in (1, 8):
-            steps = replay(trace, workload(src, trace, sets, arm, bs), rules, eb, slots)
+            steps = replay(trace, workload(src, trace, sets, arm, bs, machine), rules, eb, slots)
             timed = [s for s in steps if s.timed]
             parts = [step_ms(clock, s.counts, eb) for s in timed]
             sim = float(np.median([p.total for p in parts]))
-            meas, source = measured_ms(src, arm, bs)
+            meas, source = measured_ms(src, arm, bs, machine)
             dec = [s for s in steps if s.decode]
-            issue = ISSUE25.get(arm)
+            issue = machine.issue25.get(arm)
             mean = lambda f: float(np.mean([f(s.counts) for s in timed]))  # noqa: E731
             rows.append({
-                "arm": arm, "batch": bs, "prediction": arm in PREDICTED, "measured_ms": meas, "measured_from": source, "simulated_ms": sim,
+                "arm": arm, "batch": bs, "prediction": meas is None, "measured_ms": meas, "measured_from": source, "simulated_ms": sim,
                 "error_pct": 100.0 * (sim - meas) / meas if meas else None,
                 "within_10pct": abs(sim - meas) <= TOLERANCE * meas if meas else None,
                 "measured_tok_s": bs * 1e3 / meas if meas else None, "simulated_tok_s": bs * 1e3 / sim,
@@ -215,6 +276,8 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
     reap = [r for r in rows if r["arm"].startswith("reap") and r["within_10pct"] is not None]
     return {
         "what": "reap-swap simulate --validate: the clock (planning/step_time.py) on the exact requests bench-gpu --trace timed",
+        "machine": machine.name,
+        "runs": sorted({machine.learned, machine.learned_cpu}),
         "trace": trace.meta.get("source_file"),
         "clock": clock.to_json(),
         "fitted": {"constants": list(clock.fitted), "on_arms": ["stock_gpu"]},
@@ -225,15 +288,16 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
     }
 
 
-def choices(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, caps: tuple[int, ...] = (0, 1, 2, 4, 8)) -> list[dict[str, Any]]:
+def choices(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, caps: tuple[int, ...] = (0, 1, 2, 4, 8),
+            machine: Machine = H200) -> list[dict[str, Any]]:
     """The online cache's cap (0: the static set) on the bench's workload, chosen by median step vs by hit rate,
     with and without the CPU path, at bs1 and bs8: where the two rules part, the hit rate picks the slower setting."""
     src = Sources(results)
-    eb = clock.expert_bytes or int(src.get(LEARNED, "raw.stock_gpu.spec.expert_bytes"))
-    base = arm_rules(src, "reap_cache_cpu", eb, trace.num_layers, trace.num_experts)
+    eb = clock.expert_bytes or int(src.get(machine.learned, "raw.stock_gpu.spec.expert_bytes"))
+    base = arm_rules(src, "reap_cache_cpu", eb, trace.num_layers, trace.num_experts, machine)
     out = []
     for bs in (1, 8):
-        batches = workload(src, trace, sets, "reap_cache", bs)
+        batches = workload(src, trace, sets, "reap_cache", bs, machine)
         for cpu, fast in ((False, False), (True, False), (True, True)):
             rows = []
             for cap in caps:

@@ -269,18 +269,19 @@ def sweep_table(sw: dict[str, Any]) -> str:
 
 def _clock_modes(args: argparse.Namespace, trace: RoutingTrace) -> dict[str, Any] | None:
     """``--calibrate`` / ``--validate``: the clock from the measured files, or the clock against them."""
-    from .clock_validate import calibrate, choices, table as validate_table, validate
+    from .clock_validate import MACHINES, calibrate, choices, table as validate_table, validate
 
     sets = json.loads(args.sets.read_text())
+    machine = MACHINES[args.machine]
     if args.calibrate:
-        clock = calibrate(trace, sets, args.calibrate)
+        clock = calibrate(trace, sets, args.calibrate, machine)
         args.clock.parent.mkdir(parents=True, exist_ok=True)
         args.clock.write_text(json.dumps({"clock": clock.to_json()}, indent=1) + "\n")
         print(f"wrote {args.clock} (fitted: {', '.join(clock.fitted)})")
         return None
     clock = load_clock(args.clock)
-    report = validate(trace, sets, args.validate, clock)
-    report["choices"] = choices(trace, sets, args.validate, clock)
+    report = validate(trace, sets, args.validate, clock, machine=machine)
+    report["choices"] = choices(trace, sets, args.validate, clock, machine=machine)
     print(validate_table(report))
     return report
 
@@ -303,10 +304,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sweep-cap", default=None, help="with --clock: comma-separated lfru_cap caps to compare (0 = the static set), e.g. 0,1,2,4,8")
     p.add_argument("--choose-by", choices=("step_time", "hit_rate"), default="step_time", help="what --sweep-cap picks the cap by")
     p.add_argument("--sets", type=Path, help="learned sets JSON (reap-swap learned-sets) for --calibrate / --validate")
-    p.add_argument("--calibrate", type=Path, metavar="RESULTS_DIR", help="build the clock from the measured H200 files in this folder "
+    p.add_argument("--calibrate", type=Path, metavar="RESULTS_DIR", help="build the clock from one machine's measured files (--machine) in this folder "
                    "(benchmarks/results) and write it to --clock")
     p.add_argument("--validate", type=Path, metavar="RESULTS_DIR", help="replay the requests bench-gpu --trace timed (its JSONs in this folder) "
                    "through every arm with --clock; print measured vs simulated ms/step, write --out")
+    p.add_argument("--machine", choices=("h200", "h100-v1", "h100-v2"), default="h200",
+                   help="--calibrate / --validate: which runs (clock_validate.MACHINES): the H200 runs of issue 25's table, or the "
+                        "H100 run of 2026-12-06 on v1's trace (bench_gpu_learned_v1_beside_v2.json) or v2's (bench_gpu_learned_v2.json)")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     args = p.parse_args(argv)
     if (args.calibrate or args.validate) and not (args.clock and args.sets):

@@ -15,6 +15,11 @@ Per MoE layer of a step (``B`` = bytes of one expert, every expert of a layer th
     layer_ms = max(hbm_ms, link_ms, cpu_ms, host_ms)         (they run at once)
              + (1 - promote_overlap) * promoted * B / promote_GBps + per-layer fixed costs
 
+The fast order (``serve --fast``: the split posts the CPU's share first, then the cache copies and the fused
+kernel run) overlaps the copies with the CPU instead::
+
+    layer_ms = max(promote_ms + max(hbm_ms, link_ms), cpu_ms, (link + cpu + promoted) * B / host_dram_GBps) + fixed
+
     step_ms  = base_ms(tokens) + sum over layers + reap per-step fixed
 
 An expert counts once per layer step whatever its token count: at decode batch sizes each
@@ -140,6 +145,9 @@ class StepCounts:
     cache: bool = False
     cpu_path: bool = False
     reap: bool = True
+    promote_beside_cpu: bool = False
+    """The fast order (split first): the CPU's job is posted before the promotion copies, so the copies and the
+    fused kernel run on the GPU side while the CPU computes its share."""
 
     @classmethod
     def zeros(cls, layers: int, tokens: int, **flags: bool) -> "StepCounts":
@@ -174,12 +182,24 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
     hbm = c.resident * mb / clock.hbm_GBps
     link = c.link * mb / clock.link_GBps
     cpu = np.where(c.cpu > 0, clock.cpu_fixed_ms, 0.0) + c.cpu * mb / clock.cpu_GBps + c.cpu_pairs * clock.cpu_pair_ms
-    host = (c.link + c.cpu) * mb / clock.host_dram_GBps
-    pipes = np.stack([hbm, link, cpu, host])  # [4, L]
-    which = np.argmax(pipes, axis=0)
-    worst = pipes.max(axis=0)
-    share = [float(worst[which == i].sum()) for i in range(4)]
-    promote = float((1.0 - clock.promote_overlap) * c.promoted.sum() * mb / clock.promote_GBps)
+    copies = (1.0 - clock.promote_overlap) * c.promoted * mb / clock.promote_GBps
+    if c.promote_beside_cpu:  # GPU side = copies, then the kernel; beside it the CPU; all three reads from one DRAM
+        host = (c.link + c.cpu + c.promoted) * mb / clock.host_dram_GBps
+        gpu = copies + np.maximum(hbm, link)
+        pipes = np.stack([gpu, cpu, host])
+        which, worst = np.argmax(pipes, axis=0), pipes.max(axis=0)
+        on_gpu = which == 0
+        kernel_hbm = on_gpu & (hbm >= link)
+        share = [float(hbm[kernel_hbm].sum()), float(link[on_gpu & ~kernel_hbm].sum()), float(worst[which == 1].sum()),
+                 float(worst[which == 2].sum())]
+        promote = float(copies[on_gpu].sum())
+    else:
+        host = (c.link + c.cpu) * mb / clock.host_dram_GBps
+        pipes = np.stack([hbm, link, cpu, host])  # [4, L]
+        which = np.argmax(pipes, axis=0)
+        worst = pipes.max(axis=0)
+        share = [float(worst[which == i].sum()) for i in range(4)]
+        promote = float(copies.sum())
     layers = len(c.resident)
     fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * ((clock.cache_layer_ms if c.cache else 0.0)
                                                               + (clock.cpu_layer_ms if c.cpu_path else 0.0))
