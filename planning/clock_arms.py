@@ -22,7 +22,11 @@ steps but the first and the last, 61 per request at bs1, 120 at bs8 as in the be
   the step's misses as routed, choosing ``n`` by the same cost model and which experts by the
   cache's scores before this step's update (lowest first, ties: fewest missed pairs, lowest id;
   in a budgeted step fewest missed pairs first, then the scores);
-  the cache then updates its scores and promotes up to its cap from the link's share only.
+  the cache then updates its scores and promotes up to its cap from the link's share only;
+* ``fast_bg`` -- a prediction for issue 25's off-critical-path promotions (not in the server): the fast
+  order, and the cache may also promote CPU-computed experts, copied on a copy stream beside the CPU and
+  published next step, as many of the hottest as the link has room for under the split's cost model
+  (the CPU's time minus the link's reads and in-line copies, in whole experts).
 """
 
 from __future__ import annotations
@@ -100,11 +104,14 @@ class CacheRule:
 @dataclass(frozen=True)
 class Arm:
     name: str
-    kind: str  # stock_gpu | stock_offload | static | cache | fast (cache + cpu, split first)
+    kind: str  # stock_gpu | stock_offload | static | cache | fast (cache + cpu, split first) | fast_bg (+ background copies)
     cache: CacheRule | None = None
     cpu: SplitRule | None = None
     gpu_fraction: tuple[float, ...] = ()
     """stock_offload: each layer's GPU byte share."""
+    link_idle_ms: float = 0.0
+    """fast_bg: link time per layer step the copy stream may also use outside the MoE (the step's attention and dense
+    compute, spread over the layers), on top of the CPU's share; 0: only the time the CPU computes."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +183,7 @@ class _Layers:
         for l, ids in batch.sets.items():
             self.resident[l, np.asarray(ids, dtype=np.int64)] = True
         self.caches: list[LFRU] = []
-        if arm.kind in ("cache", "fast"):
+        if arm.kind in ("cache", "fast", "fast_bg"):
             r = arm.cache or CacheRule()
             for l in range(layers):
                 start = np.flatnonzero(self.resident[l])
@@ -196,13 +203,16 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
     """Every engine step of ``batches`` under ``arm``, with its per-layer counts."""
     L, E, K = trace.num_layers, trace.num_experts, trace.top_k
     out: list[Step] = []
-    reap = arm.kind in ("static", "cache", "fast")
+    reap = arm.kind in ("static", "cache", "fast", "fast_bg")
     for batch in batches:
         state = _Layers(arm, batch, L, E, slots)
         for timed, decode, rows in batch_steps(trace, batch):
             tokens = len(rows)
-            c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast"), cpu_path=arm.cpu is not None and tokens <= arm.cpu.step_tokens,
-                                 reap=reap, promote_beside_cpu=arm.kind == "fast")
+            fast = arm.kind in ("fast", "fast_bg")
+            c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast", "fast_bg"),
+                                 cpu_path=arm.cpu is not None and tokens <= arm.cpu.step_tokens, reap=reap, promote_beside_cpu=fast)
+            if arm.kind == "fast_bg":
+                c.background = np.zeros(L, dtype=np.int64)
             if arm.kind == "stock_offload":
                 c.resident, c.link = c.resident.astype(float), c.link.astype(float)
             pairs = missed_pairs = 0
@@ -217,8 +227,9 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                     c.resident[l], c.link[l] = f * len(experts), (1.0 - f) * len(experts)
                     missed_pairs += int(round((1.0 - f) * per.sum()))
                     continue
-                if arm.kind == "fast":
-                    missed_pairs += _fast_layer(state.caches[l], experts, per, arm.cpu, expert_bytes, tokens, c, l, K)
+                if fast:
+                    missed_pairs += _fast_layer(state.caches[l], experts, per, arm.cpu, expert_bytes, tokens, c, l, K,
+                                                arm.link_idle_ms if arm.kind == "fast_bg" else None)
                     continue
                 hit, promoted = state.access(l, experts)
                 missed_pairs += int(per[~hit].sum())
@@ -234,18 +245,34 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
 
 
 def _fast_layer(cache: LFRU, experts: np.ndarray, per: np.ndarray, rule: SplitRule | None, expert_bytes: int,
-                tokens: int, c: StepCounts, l: int, top_k: int) -> int:
+                tokens: int, c: StepCounts, l: int, top_k: int, link_idle_ms: float | None = None) -> int:
     """One layer step of the composed mode into ``c`` (see module doc); returns its missed pairs."""
     hit = cache.resident[experts].copy()
     miss = np.flatnonzero(~hit)
     prio = cache.count[experts[miss]].copy()  # the scores before this step's update
     to_cpu = split_cpu(per[miss], rule, expert_bytes, tokens, prio, top_k) if rule is not None else np.empty(0, dtype=np.int64)
     on_cpu = experts[miss[to_cpu]]
-    res = cache.access(experts, np.zeros(len(experts)), exclude=on_cpu)
+    exclude = on_cpu
+    if link_idle_ms is not None and rule is not None and len(on_cpu):
+        room = _link_room(rule, expert_bytes, len(miss) - len(to_cpu), len(to_cpu), int(per[miss][to_cpu].sum()), link_idle_ms / 1e3)
+        hottest = np.lexsort((on_cpu, -prio[to_cpu]))[:room]  # the CPU experts worth a slot first
+        exclude = np.delete(on_cpu, hottest)
+    res = cache.access(experts, np.zeros(len(experts)), exclude=exclude)
     promoted = cache.resident[experts] & ~res.hits
-    c.promoted[l] = int(promoted.sum())
-    c.resident[l] = int((hit | promoted).sum())
+    bg = promoted & np.isin(experts, on_cpu)
+    if c.background is not None:
+        c.background[l] = int(bg.sum())
+    c.promoted[l] = int((promoted & ~bg).sum())
+    c.resident[l] = int((hit | (promoted & ~bg)).sum())
     c.cpu[l] = len(to_cpu)
     c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
-    c.link[l] = len(miss) - len(to_cpu) - int(promoted.sum())
+    c.link[l] = len(miss) - len(to_cpu) - int((promoted & ~bg).sum())
     return int(per[~hit].sum())
+
+
+def _link_room(rule: SplitRule, expert_bytes: int, link_experts: int, cpu_experts: int, cpu_pairs: int, idle_s: float = 0.0) -> int:
+    """Whole experts the link can copy while the CPU computes its share (by the split's own cost model) and in
+    ``idle_s`` more of link time outside the MoE."""
+    b = expert_bytes / 1e9
+    cpu_s = rule.fixed_s + cpu_experts * b / rule.cpu_GBps + cpu_pairs * rule.pair_s
+    return max(0, int((max(0.0, cpu_s - link_experts * b / rule.link_GBps) + idle_s) // (b / rule.link_GBps)))

@@ -35,7 +35,9 @@ TOLERANCE = 0.10
 ISSUE25 = {"stock_gpu": (468.4, 1986.0), "stock_offload": (37.2, 70.3), "reap_cache": (119.6, 163.1),
            "reap_static_cpu": (175.7, 315.4), "reap_cache_cpu": (118.0, 245.3)}
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_classifier_complement",
-        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast", "reap_fast_classifier")
+        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast", "reap_fast_classifier", "reap_fast_bg")
+PREDICTIONS = ("reap_fast", "reap_fast_bg")
+"""Arms validated on every machine even where no run measured them (their rows are predictions)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,8 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
     if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)
+    if arm == "reap_fast_bg":
+        return Arm(arm, "fast_bg", cache=cache, cpu=cpu)
     if arm in ("reap_cache", "reap_cache_cpu"):
         return Arm(arm, "cache", cache=cache, cpu=cpu if arm == "reap_cache_cpu" else None)
     return Arm(arm, "static", cpu=cpu if arm == "reap_static_cpu" else None)
@@ -237,9 +241,9 @@ def measured_ms(src: Sources, arm: str, bs: int, machine: Machine = H200) -> tup
 
 
 def arms_of(src: Sources, machine: Machine) -> tuple[str, ...]:
-    """The arms to validate on ``machine``: those its runs measured (and issue 25's quoted ones), plus the fast mode."""
+    """The arms to validate on ``machine``: those its runs measured (and issue 25's quoted ones), plus the predictions."""
     ran = set(src.get(machine.learned, "raw")) | set(src.get(machine.learned_cpu, "raw")) | set(machine.issue25)
-    return tuple(a for a in ARMS if a in ran or a == "reap_fast")
+    return tuple(a for a in ARMS if a in ran or a in PREDICTIONS)
 
 
 def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clock, arms: tuple[str, ...] | None = None,
@@ -251,6 +255,8 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
     rows = []
     for arm in arms if arms is not None else arms_of(src, machine):
         rules = arm_rules(src, arm, eb, trace.num_layers, trace.num_experts, machine)
+        if rules.kind == "fast_bg":  # the copy stream may use the link through the step's non-MoE compute too
+            rules = Arm(rules.name, rules.kind, rules.cache, rules.cpu, link_idle_ms=clock.base(1) / trace.num_layers)
         for bs in (1, 8):
             steps = replay(trace, workload(src, trace, sets, arm, bs, machine), rules, eb, slots)
             timed = [s for s in steps if s.timed]

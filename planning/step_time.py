@@ -148,6 +148,9 @@ class StepCounts:
     promote_beside_cpu: bool = False
     """The fast order (split first): the CPU's job is posted before the promotion copies, so the copies and the
     fused kernel run on the GPU side while the CPU computes its share."""
+    background: np.ndarray | None = None
+    """Experts the CPU computes this step and a copy stream promotes beside it (published next step): they hold
+    the link and DRAM, not the GPU side (issue 25's design for off-critical-path promotions; a prediction)."""
 
     @classmethod
     def zeros(cls, layers: int, tokens: int, **flags: bool) -> "StepCounts":
@@ -201,6 +204,13 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         share = [float(worst[which == i].sum()) for i in range(4)]
         promote = float(copies.sum())
     layers = len(c.resident)
+    if c.background is not None and c.background.any():
+        # background copies run on a copy stream across the step (published next step): the step lasts at least
+        # as long as everything that crosses the link, and they draw on the host DRAM beside the pipes
+        bg_ms = float(c.background.sum() * mb / clock.promote_GBps)
+        wire = bg_ms + float((copies + link).sum())
+        busy = clock.base(c.tokens) + share[0] + share[1] + share[2] + share[3] + promote
+        promote += max(0.0, wire - busy)
     fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * ((clock.cache_layer_ms if c.cache else 0.0)
                                                               + (clock.cpu_layer_ms if c.cpu_path else 0.0))
     return Breakdown(clock.base(c.tokens), share[0], share[1], share[2], share[3], promote, fixed)
