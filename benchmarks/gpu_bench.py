@@ -59,6 +59,8 @@ from .gpu_report import acceptance, arm_summary, law_check, markdown, prompt_len
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
+CPU_ARMS = ("reap_30_cpu", "reap_30_fast")
+"""Arms that run the CPU expert path (unquantized experts only: ``--quantization`` refuses them)."""
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -211,7 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
     if args.also_out and args.also_out.resolve() == args.out.resolve():
         p.error("--also-out must differ from --out")
-    if args.quantization and (args.trace or any(a.endswith("_cpu") for a in args.arms)):
+    if args.quantization and (args.trace or any(a in CPU_ARMS for a in args.arms)):
         p.error("--quantization runs the synthetic arms without the CPU expert path (--cpu-experts computes unquantized experts only)")
     args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
     if args.requests < 1 or args.groups < 1:

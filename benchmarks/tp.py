@@ -63,12 +63,12 @@ def offload_gib_per_rank(offload_gib_one_gpu: float, tp: int) -> float:
 def rank_core_lists(cores: Sequence[int], tp: int, reserved_per_rank: int = RESERVED_PER_RANK) -> list[tuple[int, ...]]:
     """The CPU expert teams' cores, one contiguous list per local rank, after the first
     ``reserved_per_rank * tp`` cores (left to vLLM's processes); [] when fewer than one core per rank remains."""
-    cores = sorted(cores)
-    rest = cores[reserved_per_rank * tp:]
-    share = len(rest) // tp if tp >= 1 else 0
-    if share < 1:
+    from reap_swap.server_ext.cpu_experts.cores import split_by_rank  # the server's own split of one list between ranks
+
+    rest = tuple(sorted(cores)[reserved_per_rank * tp:])
+    if tp < 1 or len(rest) < tp:
         return []
-    return [tuple(rest[r * share:(r + 1) * share]) for r in range(tp)]
+    return [split_by_rank(rest, r, tp, "the cores left after vLLM's") for r in range(tp)]
 
 
 def _ranges(cores: Sequence[int]) -> str:
