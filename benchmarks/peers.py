@@ -228,6 +228,17 @@ def join(llama_rows: list[dict[str, Any]] | None, llama_meta: dict[str, Any] | N
     return result
 
 
+def _in_repo(path: str | None) -> str | None:
+    """A path under this checkout as a repo-relative one (the JSON is committed), any other as given."""
+    if not path:
+        return path
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llamacpp", help="llama-bench -o json output (--n-cpu-moe run)")
@@ -242,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     meta_path = args.llamacpp_meta or (str(Path(args.llamacpp).with_suffix("")) + ".meta.json" if args.llamacpp else None)
     res = join(_load(args.llamacpp), _load(meta_path), _load(args.kt), _load(args.ours_gpu), _load(args.ours_kernel),
                _load(args.llamacpp_all_gpu), kt_fallback=_load(args.kt_fallback))
-    res["inputs"] = {k: v for k, v in vars(args).items() if k != "out"}
+    res["inputs"] = {k: _in_repo(v) for k, v in vars(args).items() if k != "out"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps({"ratios": res["ratios"], "missing": sorted(res["missing"])}, indent=1))
