@@ -216,6 +216,8 @@ def join(llama_rows: list[dict[str, Any]] | None, llama_meta: dict[str, Any] | N
         "ours_cpu_kernel_vs_kt_bs1": _ratio(result["ours"]["cpu_kernel_GBps_bs1"], result["kt_kernel"]["GBps_bs1"]),
         "ours_cpu_kernel_vs_kt_bs8": _ratio(result["ours"]["cpu_kernel_GBps_bs8"], result["kt_kernel"]["GBps_bs8"]),
     }
+    if ratios["ours_fast_vs_llamacpp_bs1"] is None and "reap_30_fast" not in result["ours"]:
+        missing["ours.reap_30_fast.decode_tok_s_bs1"] = "no reap_30_fast arm in the bench-gpu JSON (gpu_peers.sh ours runs it)"
     for k, v in ratios.items():
         if v is None:
             missing.setdefault(f"ratios.{k}", "a figure it divides is missing (see the other entries)")

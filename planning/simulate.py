@@ -35,6 +35,7 @@ from reap_swap.cli import RawDescriptionHelpFormatter
 
 from .cache_policies import LFRU, LRU, CachePolicy, DecayedCounters, PriorDecayedCounters, PromptPrior, belady_hits, top_by_mass
 from .clock_arms import SplitRule, split_cpu
+from .clock_validate import MACHINES
 from .step_time import Clock, ClockError, StepCounts, load_clock, step_ms
 from .traces import DECODE, PREFILL, RequestRoute, RoutingTrace, TraceError, load
 
@@ -308,13 +309,15 @@ def main(argv: list[str]) -> int:
                    "(benchmarks/results) and write it to --clock")
     p.add_argument("--validate", type=Path, metavar="RESULTS_DIR", help="replay the requests bench-gpu --trace timed (its JSONs in this folder) "
                    "through every arm with --clock; print measured vs simulated ms/step, write --out")
-    p.add_argument("--machine", choices=("h200", "h100-v1", "h100-v2"), default="h200",
+    p.add_argument("--machine", choices=tuple(MACHINES), default="h200",
                    help="--calibrate / --validate: which runs (clock_validate.MACHINES): the H200 runs of issue 25's table, or the "
                         "H100 run of 2026-12-06 on v1's trace (bench_gpu_learned_v1_beside_v2.json) or v2's (bench_gpu_learned_v2.json)")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     args = p.parse_args(argv)
     if (args.calibrate or args.validate) and not (args.clock and args.sets):
         p.error("--calibrate and --validate need --clock and --sets")
+    if args.machine != "h200" and not (args.calibrate or args.validate):
+        p.error("--machine goes with --calibrate or --validate")
     if (args.sweep_cap or args.cpu_path) and not args.clock:
         p.error("--sweep-cap and --cpu-path need --clock")
     try:

@@ -150,7 +150,8 @@ class StepCounts:
     fused kernel run on the GPU side while the CPU computes its share."""
     background: np.ndarray | None = None
     """Experts the CPU computes this step and a copy stream promotes beside it (published next step): they hold
-    the link and DRAM, not the GPU side (issue 25's design for off-critical-path promotions; a prediction)."""
+    the link across the step and a second DRAM read in their layer, not the GPU side (issue 25's design for
+    off-critical-path promotions; a prediction)."""
 
     @classmethod
     def zeros(cls, layers: int, tokens: int, **flags: bool) -> "StepCounts":
@@ -187,7 +188,9 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
     cpu = np.where(c.cpu > 0, clock.cpu_fixed_ms, 0.0) + c.cpu * mb / clock.cpu_GBps + c.cpu_pairs * clock.cpu_pair_ms
     copies = (1.0 - clock.promote_overlap) * c.promoted * mb / clock.promote_GBps
     if c.promote_beside_cpu:  # GPU side = copies, then the kernel; beside it the CPU; all three reads from one DRAM
-        host = (c.link + c.cpu + c.promoted) * mb / clock.host_dram_GBps
+        background = np.zeros(len(c.resident)) if c.background is None else c.background
+        # a background expert is read twice from DRAM: by the CPU computing it and by its copy
+        host = (c.link + c.cpu + c.promoted + background) * mb / clock.host_dram_GBps
         gpu = copies + np.maximum(hbm, link)
         pipes = np.stack([gpu, cpu, host])
         which, worst = np.argmax(pipes, axis=0), pipes.max(axis=0)
@@ -204,15 +207,14 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         share = [float(worst[which == i].sum()) for i in range(4)]
         promote = float(copies.sum())
     layers = len(c.resident)
-    if c.background is not None and c.background.any():
-        # background copies run on a copy stream across the step (published next step): the step lasts at least
-        # as long as everything that crosses the link, and they draw on the host DRAM beside the pipes
-        bg_ms = float(c.background.sum() * mb / clock.promote_GBps)
-        wire = bg_ms + float((copies + link).sum())
-        busy = clock.base(c.tokens) + share[0] + share[1] + share[2] + share[3] + promote
-        promote += max(0.0, wire - busy)
     fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * ((clock.cache_layer_ms if c.cache else 0.0)
                                                               + (clock.cpu_layer_ms if c.cpu_path else 0.0))
+    if c.background is not None and c.background.any():
+        # background copies run on a copy stream across the step (published next step): the step lasts at least
+        # as long as everything that crosses the link (whole copies: an overlapped copy still holds the link)
+        wire = float((c.background + c.promoted).sum() * mb / clock.promote_GBps + link.sum())
+        busy = clock.base(c.tokens) + share[0] + share[1] + share[2] + share[3] + promote + fixed
+        promote += max(0.0, wire - busy)
     return Breakdown(clock.base(c.tokens), share[0], share[1], share[2], share[3], promote, fixed)
 
 

@@ -397,3 +397,15 @@ def test_background_promotions_take_cpu_experts_only_with_link_room() -> None:
     clock = Clock(base_ms=((1, 1.0),), hbm_GBps=1000.0, link_GBps=50.0, promote_GBps=50.0, cpu_GBps=50.0, host_dram_GBps=1000.0)
     # the copy stream's 1 ms fits beside the step's other link work (1 ms in-line copy) inside its 3 ms: no cost
     assert step_ms(clock, d, MB50).total == pytest.approx(step_ms(clock, fast[1].counts, MB50).total)
+
+
+def test_validate_refuses_a_trace_or_clock_of_another_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    traces = REPO / "benchmarks" / "traces"
+    v1 = ["--trace", str(traces / "learned128_t0.8.npz"), "--sets", str(RESULTS / "learned_sets.json"), "--validate", str(RESULTS)]
+    assert simulate_main([*v1, "--machine", "h100-v2", "--clock", str(RESULTS / "step_time_h100_v2.json")]) == 2
+    assert "is not the trace h100-30b-a3b-v2's run replayed" in capsys.readouterr().err
+    assert simulate_main([*v1, "--machine", "h100-v1", "--clock", str(RESULTS / "step_time_h200.json")]) == 2
+    assert "calibrated on 'h200-30b-a3b'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        simulate_main(["--trace", str(traces / "learned128_t0.8.npz"), "--machine", "h100-v1"])
+    assert "--machine goes with --calibrate or --validate" in capsys.readouterr().err
