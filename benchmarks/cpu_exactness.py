@@ -26,6 +26,8 @@ from typing import Any
 
 from reap_swap.paths import bundled_model_dir, learned128_cpu_dir
 
+from .gpu_report import first_diff
+
 MODELS = {"small_moe": bundled_model_dir, "learned128_cpu": learned128_cpu_dir}
 
 
@@ -81,7 +83,7 @@ def compare(stock: dict[str, Any], cpu: dict[str, Any]) -> dict[str, Any]:
     per = []
     for a, b in zip(stock["prompts"], cpu["prompts"]):
         ta, tb = a["tokens"], b["tokens"]
-        first = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+        first = first_diff(ta, tb)
         upto = len(ta) if first is None else first + 1  # step `first` still saw the same prefix
         delta = (a["logits"][:upto] - b["logits"][:upto]).abs().max().item()
         per.append({"agreement": sum(x == y for x, y in zip(ta, tb)) / len(ta), "first_diff": first,

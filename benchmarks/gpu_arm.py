@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .dummy_weights import FP8_BLOCK_CONFIG, W4A16_CONFIG, deterministic_int_dummies
+from .gpu_report import first_diff
 from .tp import tp_of
 
 T0 = time.perf_counter()
@@ -358,7 +359,7 @@ def _time_bs1(llm: Any, spec: dict[str, Any], res: Results, prompts: list[dict[s
     ref = spec.get(f"ref_tokens{suffix}")
     if ref is not None:
         res.save(f"identical_ids{suffix}", tokens == ref)
-        res.save(f"first_diff{suffix}", next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), None))
+        res.save(f"first_diff{suffix}", first_diff(tokens, ref))
     if staging:
         res.save(f"staging_bs1{suffix}", _staging_books(llm, prompts))
 

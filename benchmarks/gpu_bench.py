@@ -55,7 +55,7 @@ from .learned import bench as learned_bench
 from .learned import report as learned_report
 from .learned.arm import without_refs
 from . import tp as tpm
-from .gpu_report import acceptance, arm_summary, law_check, markdown, prompt_lens, ratios, run_header
+from .gpu_report import acceptance, arm_summary, first_diff, law_check, markdown, prompt_lens, ratios, run_header
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
@@ -396,10 +396,11 @@ def length_refs(name: str, stock: dict[str, Any], lens: list[int]) -> dict[str, 
 
 def fill_length_identity(raw: dict[str, dict[str, Any]]) -> None:
     """Per-length identical-ids checks an arm could not make in its process because the reference stock arm ran after it
-    (``--arms reap_30_stage,stock_offload``): its ids against the reference's, compared here, marked ``..._after_run``."""
+    (``--arms reap_30_stage,stock_offload``): its ids against the reference's (stock_gpu's, else the first stock arm's),
+    compared here; its ``ref_tokens_from`` says so."""
     lens = prompt_lens(raw)
-    stock = [n for n in ("stock_gpu", *raw) if (raw.get(n) or {}).get("spec", {}).get("kind") == "stock"]
-    refs = next((length_refs(n, raw[n], lens) for n in stock if length_refs(n, raw[n], lens)), {})
+    stock = sorted((n for n, r in raw.items() if r.get("spec", {}).get("kind") == "stock"), key=lambda n: n != "stock_gpu")
+    refs = next(filter(None, (length_refs(n, raw[n], lens) for n in stock)), {})
     for r in raw.values():
         if r.get("spec", {}).get("kind") != "reap" or not refs:
             continue
@@ -407,7 +408,7 @@ def fill_length_identity(raw: dict[str, dict[str, Any]]) -> None:
             mine, ref = r.get(f"tokens_bs1_p{n}"), refs.get(f"ref_tokens_p{n}")
             if r.get(f"identical_ids_p{n}") is None and mine is not None and ref is not None:
                 r[f"identical_ids_p{n}"] = mine == ref
-                r[f"first_diff_p{n}"] = next((i for i, (a, b) in enumerate(zip(mine, ref)) if a != b), None)
+                r[f"first_diff_p{n}"] = first_diff(mine, ref)
                 r["spec"]["ref_tokens_from"] = refs["ref_tokens_from"] + " (compared after the run: it ran after this arm)"
 
 

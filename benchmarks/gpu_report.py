@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from .hostlink import LinkModel, compare
 from .shapes import MoeShape
 from .tp import tp_of
+
+
+def first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first position where two id lists differ (over their common length); None where they agree."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def _get(d: dict[str, Any], *path: str) -> Any:

@@ -63,7 +63,8 @@ def offload_gib_per_rank(offload_gib_one_gpu: float, tp: int) -> float:
 def rank_core_lists(cores: Sequence[int], tp: int, reserved_per_rank: int = RESERVED_PER_RANK) -> list[tuple[int, ...]]:
     """The CPU expert teams' cores, one contiguous list per local rank, after the first
     ``reserved_per_rank * tp`` cores (left to vLLM's processes); [] when fewer than one core per rank remains."""
-    from reap_swap.server_ext.cpu_experts.cores import split_by_rank  # the server's own split of one list between ranks
+    # the server's own split of one list between ranks; imported here because that package's __init__ imports torch
+    from reap_swap.server_ext.cpu_experts.cores import split_by_rank
 
     rest = tuple(sorted(cores)[reserved_per_rank * tp:])
     if tp < 1 or len(rest) < tp:

@@ -270,7 +270,7 @@ def sweep_table(sw: dict[str, Any]) -> str:
 
 def _clock_modes(args: argparse.Namespace, trace: RoutingTrace) -> dict[str, Any] | None:
     """``--calibrate`` / ``--validate``: the clock from the measured files, or the clock against them."""
-    from .clock_validate import MACHINES, calibrate, choices, table as validate_table, validate
+    from .clock_validate import calibrate, choices, table as validate_table, validate
 
     sets = json.loads(args.sets.read_text())
     machine = MACHINES[args.machine]
