@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, reap_status, require_vllm, start_reap_with_faults, swap_active_set, token_ids
 
 pytestmark = pytest.mark.vllm
 CORE = [0, 1, 2, 3]
@@ -21,14 +21,14 @@ CORE = [0, 1, 2, 3]
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_vllm()
-    fault = tmp_path_factory.mktemp("fault") / "fault.json"
-    with start_reap(tiny_model_dir, log_dir_for(tmp_path_factory), "--plan", str(tiny_plan_path), "--ram-complement",
-                    "--complement-spares", "2", env={"REAP_FAULT_FILE": str(fault)}, name="exchange-faults") as srv:
+    srv, fault = start_reap_with_faults(tiny_model_dir, tmp_path_factory, "--plan", str(tiny_plan_path), "--ram-complement",
+                                        "--complement-spares", "2", name="exchange-faults")
+    with srv:
         yield {"url": srv.url, "model": tiny_model_dir, "fault": fault}
 
 
 def swap(url: str, rid: str, active: dict[str, list[int]]) -> httpx.Response:
-    return httpx.post(url + "/swap_active_set", json={"request_id": rid, "phase": "prefill", "active_set": active}, timeout=120)
+    return swap_active_set(url, rid, active)
 
 
 def status(url: str) -> dict[str, Any]:

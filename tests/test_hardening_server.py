@@ -23,7 +23,7 @@ import pytest
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 from tests.test_hardening import HOSTILE, _fit
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap_with_faults, token_ids
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -38,9 +38,8 @@ CORE = [0, 1, 2, 3]
 def stack(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_vllm()
     logs = log_dir_for(tmp_path_factory)
-    fault = tmp_path_factory.mktemp("fault") / "fault.json"
-    backend = start_reap(tiny_model_dir, logs, "--plan", str(tiny_plan_path), "--api-key", API_KEY, "--max-model-len", "2048",
-                         env={"REAP_FAULT_FILE": str(fault)}, name="hardening-backend")
+    backend, fault = start_reap_with_faults(tiny_model_dir, tmp_path_factory, "--plan", str(tiny_plan_path), "--api-key", API_KEY,
+                                            "--max-model-len", "2048", name="hardening-backend", log_dir=logs)
     port = free_port()
     proxy = ServerProcess(reap_swap_argv("proxy", "--backend", backend.url, "--plan", str(tiny_plan_path), "--host", "127.0.0.1",
                                          "--port", str(port), "--proxy-key", PROXY_KEY, "--backend-api-key", API_KEY),

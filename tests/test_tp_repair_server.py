@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from tests.vllm_servers import PROMPTS, complete, log_dir_for, reap_status, require_vllm, start_reap, token_ids
+from tests.vllm_servers import PROMPTS, complete, reap_status, require_vllm, start_reap_with_faults, swap_active_set, token_ids
 
 pytestmark = pytest.mark.vllm
 API_KEY = "sk-tp2"
@@ -26,10 +26,8 @@ CORE = [0, 1, 2, 3]
 @pytest.fixture(scope="module")
 def tp2(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_vllm()
-    logs = log_dir_for(tmp_path_factory)
-    fault = tmp_path_factory.mktemp("fault") / "fault.json"
-    backend = start_reap(tiny_model_dir, logs, "--plan", str(tiny_plan_path), "--api-key", API_KEY, "--max-model-len", "1024",
-                         "--tensor-parallel-size", "2", env={"REAP_FAULT_FILE": str(fault)}, name="tp2-backend")
+    backend, fault = start_reap_with_faults(tiny_model_dir, tmp_path_factory, "--plan", str(tiny_plan_path), "--api-key", API_KEY,
+                                            "--max-model-len", "1024", "--tensor-parallel-size", "2", name="tp2-backend")
     try:
         yield {"url": backend.url, "model": str(tiny_model_dir), "fault": fault}
     finally:
@@ -41,8 +39,7 @@ def status(url: str) -> dict[str, Any]:
 
 
 def swap(url: str, request_id: str, active: dict[str, list[int]]) -> httpx.Response:
-    return httpx.post(url + "/swap_active_set", json={"request_id": request_id, "phase": "prefill", "active_set": active},
-                      headers=KEY, timeout=120)
+    return swap_active_set(url, request_id, active, KEY)
 
 
 def test_rank_fault_mid_swap_is_repaired_to_rank_0s_set(tp2: dict[str, Any]) -> None:

@@ -34,6 +34,14 @@ def start_reap(model: Path, log_dir: Path, *extra: str, env: dict[str, str] | No
     return ServerProcess(argv, port, log_dir / f"{name}.log", env={**CPU_ENV, **(env or {})}, name=name).start()
 
 
+def start_reap_with_faults(model: Path, tmp_path_factory: pytest.TempPathFactory, *extra: str, name: str,
+                           log_dir: Path | None = None) -> tuple[ServerProcess, Path]:
+    """A reap server whose workers arm the fault described in the returned file (``REAP_FAULT_FILE``; absent: none)."""
+    fault = tmp_path_factory.mktemp("fault") / "fault.json"
+    logs = log_dir or log_dir_for(tmp_path_factory)
+    return start_reap(model, logs, *extra, env={"REAP_FAULT_FILE": str(fault)}, name=name), fault
+
+
 def start_stock(model: Path, log_dir: Path, *extra: str) -> ServerProcess:
     port = free_port()
     argv = stock_vllm_argv(model, "--port", str(port), *COMMON, *extra)
@@ -54,6 +62,12 @@ def reap_status(url: str, headers: dict[str, str] | None = None) -> dict[str, An
     r = httpx.get(url + "/reap/status", headers=headers or {}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def swap_active_set(url: str, request_id: str, active: dict[str, list[int]], headers: dict[str, str] | None = None) -> httpx.Response:
+    """POST a prefill-phase ``/swap_active_set`` (the response unchecked: fault tests look at its errors)."""
+    return httpx.post(url + "/swap_active_set", json={"request_id": request_id, "phase": "prefill", "active_set": active},
+                      headers=headers or {}, timeout=120)
 
 
 def token_ids(resp: dict[str, Any]) -> list[int]:
