@@ -60,7 +60,7 @@ from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
 CPU_ARMS = ("reap_30_cpu", "reap_30_fast")
-"""Arms that run the CPU expert path (unquantized experts only: ``--quantization`` refuses them)."""
+"""Arms that run the CPU expert path (bf16 or FP8 experts)."""
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -171,7 +171,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the hit-rate sweep")
     p.add_argument("--quantization", choices=["fp8", "fp8-block"],
                    help="FP8 experts in every arm: fp8 = vLLM quantizes at load (per-tensor scales), fp8-block = an FP8 "
-                        "checkpoint's [128, 128] block scales (dummy weights either way); not with the reap_30_cpu arm")
+                        "checkpoint's [128, 128] block scales (dummy weights either way); with --trace the arm bf16_reap_fast "
+                        "serves the unquantized model beside them (ratios.<q>_fast_vs_bf16_fast_*)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="GPUs per arm (vLLM's tensor_parallel_size): stock offload's cpu_offload_gb is divided by it (vLLM counts it "
                         "per GPU), reap arms keep their slots per layer, ratio keys get a _tp<N> suffix; no profile with N > 1")
@@ -213,8 +214,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
     if args.also_out and args.also_out.resolve() == args.out.resolve():
         p.error("--also-out must differ from --out")
-    if args.quantization and (args.trace or any(a in CPU_ARMS for a in args.arms)):
-        p.error("--quantization runs the synthetic arms without the CPU expert path (--cpu-experts computes unquantized experts only)")
+    unquantized = [a for a in args.arms if a in learned_bench.UNQUANTIZED]
+    if unquantized and not (args.quantization and args.trace):
+        p.error(f"{', '.join(unquantized)}: the bf16 baseline of a --quantization run on --trace (give both)")
     args.trace_layers = [int(x) for x in args.trace_layers.split(",")] if args.trace_layers else None
     if args.requests < 1 or args.groups < 1:
         p.error("--requests and --groups must be >= 1")
@@ -346,9 +348,9 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
     longest = 0.0  # the slowest finished arm's wall time (the estimate for the next one)
     for spec in specs:
         left = deadline - time.monotonic()
-        spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens
-        for extra in spec.get("extra_batches") or []:
-            spec[f"ref_tokens_{extra['key']}"] = ref_extra.get(extra["key"])
+        spec["ref_tokens"], spec["ref_tokens_bs8"] = ref_tokens if spec["name"] not in learned_bench.UNQUANTIZED else (None, None)
+        for extra in spec.get("extra_batches") or []:  # an unquantized arm has no reference in a quantized run
+            spec[f"ref_tokens_{extra['key']}"] = ref_extra.get(extra["key"]) if spec["name"] not in learned_bench.UNQUANTIZED else None
         if spec.get("also"):
             spec["also"].update({k: also_refs.get(k) for k in _ref_keys(spec["also"])})
             Path(spec["also"]["out"]).parent.mkdir(parents=True, exist_ok=True)

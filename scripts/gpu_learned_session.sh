@@ -13,6 +13,8 @@
 #   V2=1 ALSO_V1=1 ... bench $OUT   # each arm runs v2's workload, then v1's on the same engine (RESULT_ALSO names v1's JSON)
 #   EXTRA=32 ARMS=stock_gpu,stock_offload,reap_cache,reap_static_cpu,reap_fast V2=1 ALSO_V1=1 WORKDIR=bs32 \
 #     RESULT=bench_gpu_fast_v2 RESULT_ALSO=bench_gpu_fast bash scripts/gpu_learned_session.sh bench $OUT   # issue 25's batch 32
+#   QUANT=fp8 ARMS=stock_gpu,stock_offload,reap_static,reap_cache,reap_fast,bf16_reap_fast WORKDIR=fp8 \
+#     RESULT=bench_gpu_fp8 bash scripts/gpu_learned_session.sh bench $OUT   # issue 27: FP8 arms + the bf16 fast baseline
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -47,7 +49,8 @@ bench)
   # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
   [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
   # EXTRA=32: more batch sizes timed like bs8 (bench-gpu --extra-batches; not with the classifier arms)
-  A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume${EXTRA:+ --extra-batches $EXTRA}"
+  # QUANT=fp8 (or fp8-block): every arm's experts quantized (bench-gpu --quantization) but bf16_reap_fast's
+  A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume${EXTRA:+ --extra-batches $EXTRA}${QUANT:+ --quantization $QUANT}"
   # ALSO_V1=1 (with V2=1): every arm also runs v1's trace and sets on the same engine after v2's workload
   # (bench-gpu --also-trace: one engine build, two workloads, v1 beside v2 in one run), result RESULT_ALSO
   also() { [ "${ALSO_V1:-0}" = 1 ] && echo "--also-trace $R/benchmarks/traces/learned128_t0.8.npz --also-sets $R/benchmarks/results/learned_sets.json --also-out $1"; }

@@ -364,19 +364,42 @@ def vllm_argv(args: argparse.Namespace, passthrough: list[str]) -> list[str]:
     return argv + passthrough
 
 
-def quantization_of(passthrough: list[str], model_dir: Path) -> str | None:
-    """The quantization vLLM will serve with: its ``--quantization``/``-q`` flag, else the checkpoint's
-    ``quantization_config.quant_method`` (None for an unquantized model)."""
+CPU_PATH_QUANTIZATION = ("fp8",)
+"""Quantization methods whose experts the CPU expert path computes (FP8 e4m3fn with weight scales)."""
+
+
+def quantization_of(passthrough: list[str], model_dir: Path) -> tuple[str, str] | None:
+    """The quantization vLLM will serve with and where it comes from: its ``--quantization``/``-q``
+    flag, else the checkpoint's ``quantization_config.quant_method`` (None for an unquantized model)."""
     for i, arg in enumerate(passthrough):
         if arg in ("--quantization", "-q") and i + 1 < len(passthrough):
-            return f"--quantization {passthrough[i + 1]}"
+            return passthrough[i + 1], f"--quantization {passthrough[i + 1]}"
         if arg.startswith("--quantization="):
-            return f"--quantization {arg.split('=', 1)[1]}"
+            method = arg.split("=", 1)[1]
+            return method, f"--quantization {method}"
     try:
         method = (read_config(model_dir).get("quantization_config") or {}).get("quant_method")
     except (UnsupportedModelError, AttributeError):
         return None
-    return f"the checkpoint's quantization_config ({method})" if method else None
+    return (str(method), f"the checkpoint's quantization_config ({method})") if method else None
+
+
+def check_cpu_path_quantization(args: argparse.Namespace, passthrough: list[str]) -> None:
+    """--cpu-experts computes bf16 and FP8 experts; anything else is refused before vLLM starts, and FP8
+    beside --ram-complement too (the CPU keeps a host copy of each host row's scales; the complement
+    moves experts between host rows)."""
+    if not args.cpu_experts:
+        return
+    quant = quantization_of(passthrough, Path(args.model))
+    if quant is None:
+        return
+    method, source = quant
+    if method not in CPU_PATH_QUANTIZATION:
+        raise ServeError(f"--cpu-experts computes unquantized bf16 and FP8 (e4m3fn) experts only; this model would be served with "
+                         f"{source} experts: drop --cpu-experts (misses then read the host rows over the link)")
+    if args.ram_complement:
+        raise ServeError(f"--cpu-experts with FP8 experts ({source}) cannot run beside --ram-complement: the CPU reads each host "
+                         f"row's scales from a host copy, and the complement moves experts between host rows; drop one of the two")
 
 
 def _on_cpu() -> bool:
@@ -406,10 +429,7 @@ def main(argv: list[str]) -> int:
     try:  # every check before anything changes: the token file is written last, the environment after it
         env = validated_env(args)
         given_token(args)
-        quant = quantization_of(passthrough, Path(args.model)) if args.cpu_experts else None
-        if quant:
-            raise ServeError(f"--cpu-experts computes unquantized (bf16/fp16/fp32) experts only; this model would be served "
-                             f"with {quant} experts: drop --cpu-experts (misses then read the host rows over the link)")
+        check_cpu_path_quantization(args, passthrough)
         if args.cpu_experts and _on_cpu():
             raise ServeError("--cpu-experts needs a CUDA device (it splits the GPU's misses with the host CPU); none is available")
         module = _server_module()

@@ -295,7 +295,7 @@ class ResidentRoutedExperts(RoutedExperts):
             raise CpuPathConfigError(f"REAP_CPU_EXPERTS: layer {self.reap_layer_id} has {', '.join(unsupported)}, which the CPU expert kernel does not compute")
         w13, w2 = (bank.params[n].data for n in ("w13_weight", "w2_weight"))
         # the CPU reads the host rows the routing table points at (RAM complement: fewer rows than experts)
-        rows = BankRows(w13, w2, bank.table.host_row_offset, bank.host_rows)
+        rows = BankRows(w13, w2, bank.table.host_row_offset, bank.host_rows, self._cpu_quant(w13, w2))
         # A padding row of the slot region (zeros) if there is one, else slot 0: HBM either way.
         filler = bank.num_slots if bank.table.host_row_offset > bank.num_slots else 0
         rank, world = local_ranks()
@@ -318,6 +318,29 @@ class ResidentRoutedExperts(RoutedExperts):
 
         experts.moe_sum = moe_sum  # instance-level: this layer's kernel object only
         return path
+
+    def _cpu_quant(self, w13: torch.Tensor, w2: torch.Tensor) -> Any:
+        """FP8 experts: the host copy of their weight scales (``cpu_experts.quant``); None for bf16.
+
+        The copy is right only while each host row keeps its expert: the RAM complement's exchanges
+        rewrite host rows (and their side rows, on the device) as the set rotates, so FP8 with the
+        complement is refused rather than computed with another expert's scales."""
+        from .cpu_experts.quant import FP8_DTYPES, expert_quant
+
+        bank = self.reap_bank
+        assert bank is not None
+        if w13.dtype not in FP8_DTYPES:
+            return None
+        if bank.complement is not None:
+            raise CpuPathConfigError(
+                f"--cpu-experts with FP8 experts cannot run beside --ram-complement (layer {self.reap_layer_id}): the CPU reads "
+                f"each host row's scales from a host copy, and the complement's exchanges move experts between host rows. "
+                f"Serve without one of the two")
+        block = getattr(getattr(self.quant_method, "quant_config", None), "weight_block_size", None)
+        try:
+            return expert_quant(w13, w2, {n: p.data for n, p in bank.params.items()}, block)
+        except ValueError as exc:
+            raise CpuPathConfigError(f"--cpu-experts: layer {self.reap_layer_id}'s FP8 experts: {exc}") from exc
 
     def _stage(self, topk_ids: torch.Tensor, phys: torch.Tensor) -> torch.Tensor:
         """Prefill staging of a large step (after the cache's promotions, which stay as they are): the

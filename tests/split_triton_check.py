@@ -103,7 +103,7 @@ def main() -> None:
     for cpu_gbps in (50, 25, 100):
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=cpu_gbps), 1 << 20, 16, 64)
     check_ids_out_of_range()
-    merges = check_wait_and_merge(g)
+    merges = check_wait_and_merge(g) + check_fp8_recompute(g)
     print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts; {big} budgeted, {bound} held by "
           f"their budget) and 21 tie / edge cases; {merges} merges")
 
@@ -214,6 +214,46 @@ def check_wait_and_merge(g: torch.Generator) -> int:
         rows = per_k.clone()
         wait_and_merge(rows, cpu_out, pairs, mailbox, torch.tensor([8]), timeouts, rc, 3)
         assert torch.equal(rows, torch.where(pairs[:, None], cpu_out, per_k)) and int(timeouts) == 2 * int(pairs.sum())
+        n += 1
+    return n
+
+
+def check_fp8_recompute(g: torch.Generator) -> int:
+    """FP8 host rows (issue 27): a timed-out pair is recomputed from the e4m3fn bytes times their block's
+    scale -- every byte value but NaN, per-tensor, per-shard and [bn, bk] block scales."""
+    from reap_swap.server_ext.cpu_experts.quant import expert_quant
+
+    n = 0
+    for t, k, h, i, layout in ((1, 8, 64, 48, "tensor"), (3, 4, 96, 40, "shard"), (2, 4, 72, 80, "block")):
+        e, off = 10, 2
+        raw = [torch.randint(0, 256, shape, generator=g, dtype=torch.int32) for shape in ((off + e, 2 * i, h), (off + e, h, i))]
+        w13, w2 = (torch.where((b & 0x7F) == 0x7F, b - 1, b).to(torch.uint8).view(torch.float8_e4m3fn) for b in raw)
+        rows = off + e
+        if layout == "block":
+            scales = {"w13_weight_scale_inv": torch.rand(rows, -(-2 * i // 32), -(-h // 24), generator=g) * 1e-3 + 1e-4,
+                      "w2_weight_scale_inv": torch.rand(rows, -(-h // 32), -(-i // 24), generator=g) * 1e-3 + 1e-4}
+        else:
+            scales = {"w13_weight_scale": torch.rand(rows, *((2,) if layout == "shard" else ()), generator=g) * 1e-3 + 1e-4,
+                      "w2_weight_scale": torch.rand(rows, generator=g) * 1e-3 + 1e-4}
+        quant = expert_quant(w13, w2, scales, (32, 24) if layout == "block" else None)
+        d13 = torch.stack([quant.dequantize("w13", w13, r) for r in range(off, rows)])
+        d2 = torch.stack([quant.dequantize("w2", w2, r) for r in range(off, rows)])
+        x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+        ids = torch.randint(0, e, (t * k,), generator=g).to(torch.int32)
+        w = torch.rand(t * k, generator=g)
+        per_k = torch.randn(t * k, h, generator=g).to(torch.bfloat16)
+        pairs = torch.rand(t * k, generator=g) < 0.6
+        pairs[0] = True
+        mailbox, timeouts = torch.zeros(MAILBOX_WORDS, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        flag, stalled = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64)
+        rc = Recompute(x, ids, w, w13, w2, off, k, torch.zeros(t * k, i), flag, stalled, quant)
+        want = _pair_reference(x, d13, d2, ids, w, k)
+        out = per_k.clone()
+        wait_and_merge(out, torch.zeros_like(per_k), pairs, mailbox, torch.tensor([1]), timeouts, rc, 3)  # never finished
+        scale = float(want.float().abs().max())
+        assert scale > 0 and torch.equal(out[~pairs], per_k[~pairs])
+        err = float((out[pairs].float() - want[pairs].float()).abs().max())
+        assert err <= 2**-5 * scale, (layout, err, scale)
         n += 1
     return n
 

@@ -119,9 +119,10 @@ def test_quantization_reaches_every_arm_and_the_engine(tmp_path: Path) -> None:
     assert "quantization" not in gpu_arm._engine_kwargs(plain) and "hf_overrides" not in gpu_arm._engine_kwargs(plain)
     with pytest.raises(ValueError, match="unknown quantization"):
         gpu_arm._engine_kwargs({**specs[2], "quantization": "int4"})
-    for arm in gpu_bench.CPU_ARMS:  # the CPU path computes unquantized experts only: refused before any engine starts
-        with pytest.raises(SystemExit):
-            gpu_bench.parse_args(["--quantization", "fp8", "--arms", arm])
+    for arm in gpu_bench.CPU_ARMS:  # the CPU path computes FP8 experts too (issue 27)
+        assert gpu_bench.parse_args(["--quantization", "fp8", "--arms", arm]).arms == [arm]
+    with pytest.raises(SystemExit):  # the bf16 baseline arm belongs to a quantized learned run
+        gpu_bench.parse_args(["--quantization", "fp8", "--arms", "reap_30"]) and gpu_bench.parse_args(["--arms", "bf16_reap_fast"])
 
 
 def test_moe_kernel_info_reports_the_bank_and_its_side_tensors() -> None:

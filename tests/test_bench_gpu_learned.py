@@ -303,6 +303,43 @@ def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(
     assert r["fast_vs_stock_offload_bs1_e2e"] == pytest.approx(190 / 40) and r["fast_vs_static_cpu_bs1"] == pytest.approx(1.25)
 
 
+def test_quantized_learned_run_has_fp8_arms_beside_the_bf16_fast_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--quantization with --trace (issue 27): every arm FP8 but bf16_reap_fast, stock offload's GiB and the
+    expert bytes (link MB/token) at one byte a weight, and the ratios against stock FP8 offload and bf16's fast mode."""
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.gpu_bench import parse_args
+    from reap_swap.benchmarks.learned.bench import build_specs
+    from reap_swap.benchmarks.shapes import SHAPES
+
+    tr = traces.load(TRACE)
+    sets_path = tmp_path / "sets.json"
+    write_sets(tr, sets_path, TRACE_LAYERS)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    arms = ["stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_fast", "bf16_reap_fast"]
+    common = dict(trace=TRACE, sets=sets_path, trace_layers=TRACE_LAYERS, requests=2, groups=1, gen=4, gen_bs8=5, batch=8, reps=1,
+                  kv_cache_gib=1.0, device="cuda", profile_steps=0, arms=arms)
+    shape = SHAPES["tiny128"]
+    plain = {s["name"]: s for s in build_specs(Namespace(**common), model, shape)[0]}
+    fp8 = {s["name"]: s for s in build_specs(Namespace(**common, quantization="fp8"), model, shape)[0]}
+    assert all(fp8[a]["quantization"] == "fp8" for a in arms[:-1]) and "quantization" not in fp8["bf16_reap_fast"]
+    assert fp8["stock_offload"]["offload_gib"] == pytest.approx(plain["stock_offload"]["offload_gib"] / shape.dtype_bytes)
+    assert fp8["reap_fast"]["expert_bytes"] == shape.expert_bytes // shape.dtype_bytes
+    assert fp8["bf16_reap_fast"]["expert_bytes"] == shape.expert_bytes
+    same = lambda s: {k: v for k, v in s.items() if k not in ("name", "quantization", "expert_bytes")}  # noqa: E731
+    assert same(fp8["bf16_reap_fast"]) == same(fp8["reap_fast"]), "the baseline runs the fast arm's own workload and sets"
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--trace", str(TRACE), "--sets", str(sets_path), "--arms", "bf16_reap_fast"])
+    assert "bf16_reap_fast" in capsys.readouterr().err
+    r = ratios({"stock_offload": {"decode_tok_s_bs1": 50.0, "decode_tok_s_bs8": 100.0, "quantization": "fp8"},
+                "bf16_reap_fast": {"decode_tok_s_bs1": 150.0, "decode_tok_s_bs8": 300.0},
+                "reap_fast": {"decode_tok_s_bs1": 240.0, "decode_tok_s_bs8": 450.0, "quantization": "fp8"}})
+    assert r["fp8_fast_vs_stock_fp8_offload_bs1"] == pytest.approx(4.8) and r["fp8_fast_vs_bf16_fast_bs1"] == pytest.approx(1.6)
+    assert r["fp8_fast_vs_bf16_fast_bs8"] == pytest.approx(1.5) and r["fp8_fast_vs_bf16_fast_bs1_e2e"] is None
+
+
 # ---- --also-trace: two workloads on one engine per arm -----------------------------------------------------------
 
 

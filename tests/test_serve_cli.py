@@ -88,12 +88,16 @@ def _cases(f: dict[str, Path]) -> dict[str, Case]:
         "cpu-step-over-the-split": Case((*r, "--cpu-experts", "--cpu-experts-max-tokens", "65"),
                                         "top-4 routing gives 260 (token, expert) pairs per step"),
         "cpu-path-without-cuda": Case((*r, "--cpu-experts"), "--cpu-experts needs a CUDA device"),
-        "cpu-path-with-fp8-flag": Case((*r, "--cpu-experts", "--quantization", "fp8"),
-                                       "--cpu-experts computes unquantized (bf16/fp16/fp32) experts only; this model would be served with --quantization fp8"),
-        "fast-with-fp8-flag": Case((*r, "--fast", "--quantization", "fp8"), "this model would be served with --quantization fp8"),
-        "fast-without-cuda": Case((*r, "--fast"), "--cpu-experts needs a CUDA device"),
+        # FP8 experts pass the CPU path's check (issue 27) and meet the next one here; other schemes are refused by name
+        "cpu-path-with-fp8-flag": Case((*r, "--cpu-experts", "--quantization", "fp8"), "--cpu-experts needs a CUDA device"),
+        "fast-with-fp8-flag": Case((*r, "--fast", "--quantization", "fp8"), "--cpu-experts needs a CUDA device"),
         "cpu-path-with-fp8-checkpoint": Case(("--model", str(f["fp8"]), "--resident-experts-per-layer", "4", "--cpu-experts"),
-                                             "with the checkpoint's quantization_config (fp8) experts"),
+                                             "--cpu-experts needs a CUDA device"),
+        "cpu-path-with-awq-flag": Case((*r, "--cpu-experts", "--quantization", "awq_marlin"),
+                                       "--cpu-experts computes unquantized bf16 and FP8 (e4m3fn) experts only; this model would be "
+                                       "served with --quantization awq_marlin"),
+        "cpu-path-fp8-beside-complement": Case(("--model", str(f["fp8"]), "--resident-experts-per-layer", "4", "--cpu-experts",
+                                                "--ram-complement"), "cannot run beside --ram-complement"),
         # prefill staging
         "staging-rows-negative": Case((*r, "--prefill-staging-rows", "-1"), "--prefill-staging-rows must be in [0, 16] (at most the model's experts per MoE layer), got -1"),
         "staging-rows-above-the-model": Case((*r, "--prefill-staging-rows", "17"), "--prefill-staging-rows must be in [0, 16]"),

@@ -61,8 +61,11 @@ from .inputs import (
 from ..shapes import MoeShape
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
-        "reap_cache_complement", "reap_static_cpu", "reap_fast", "reap_fast_classifier")
-CUDA_ONLY = ("reap_static_cpu", "reap_fast", "reap_fast_classifier")
+        "reap_cache_complement", "reap_static_cpu", "reap_fast", "reap_fast_classifier", "bf16_reap_fast")
+CUDA_ONLY = ("reap_static_cpu", "reap_fast", "reap_fast_classifier", "bf16_reap_fast")
+UNQUANTIZED = ("bf16_reap_fast",)
+"""Arms of a ``--quantization`` run that serve the unquantized model (the same workload): the bf16
+baseline of ``ratios.<q>_fast_vs_bf16_fast_*`` (issue 27), measured beside the quantized arms."""
 """Arms that run the CPU expert path (CUDA only): not in the default list, asked for by name."""
 PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement", "reap_static_cpu", "reap_fast")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
@@ -89,6 +92,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs] + [q for gs in extra.values() for reqs in gs for q in reqs])
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
+    quant = getattr(args, "quantization", None)
+    weight_bytes = 1 if quant else shape.dtype_bytes  # FP8: one byte a weight (expert bytes, stock offload's GiB)
     base = {
         "runner": RUNNER,
         "model": str(model_dir),
@@ -97,7 +102,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "layers": shape.layers,
         "experts": shape.experts,
         "top_k": shape.top_k,
-        "expert_bytes": shape.expert_bytes,
+        "expert_bytes": shape.expert_bytes * weight_bytes // shape.dtype_bytes,
         "vocab": vocab,
         "max_model_len": max(longest, bs1[0].prompt_len + args.profile_steps + 16 if bs1 and args.profile_steps else 0) + 16,
         "kv_cache_gib": args.kv_cache_gib,
@@ -114,6 +119,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "prompt_seed": 0,
         "tensor_parallel_size": tp,
     }
+    if quant:
+        base["quantization"] = quant
     if extra:  # --extra-batches: timed like bs8, keys bs<B>; the engine takes the largest batch
         base["extra_batches"] = [{"batch": b, "key": f"bs{b}", "groups": [{"group": reqs[0].index // b, "requests": [q.as_dict() for q in reqs]}
                                                                          for reqs in gs]} for b, gs in extra.items()]
@@ -164,7 +171,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "stock_gpu": lambda: {**base, "name": "stock_gpu", "kind": "stock"},
         # cpu_offload_gb is per GPU: with TP each rank holds 1/N of every expert (benchmarks/tp.py)
         "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock",
-                                  "offload_gib": tpm.offload_gib_per_rank(shape.offload_gib_for_slots(sets.slots), tp)},
+                                  "offload_gib": tpm.offload_gib_per_rank(shape.offload_gib_for_slots(sets.slots), tp) * weight_bytes / shape.dtype_bytes},
         "reap_static": lambda: reap("reap_static", "static_topk", "static_topk"),
         "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
         "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),
@@ -176,6 +183,8 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "reap_static_cpu": lambda: {**reap("reap_static", "static_topk", "static_topk"), "name": "reap_static_cpu", "cpu_experts": True},
         "reap_fast": lambda: {**cache_arm(reap("reap_static", "static_topk", "static_topk")), "name": "reap_fast", "cpu_experts": True},
         "reap_fast_classifier": fast_classifier_arm,
+        "bf16_reap_fast": lambda: {**{k: v for k, v in cache_arm(reap("reap_static", "static_topk", "static_topk")).items() if k != "quantization"},
+                                   "name": "bf16_reap_fast", "cpu_experts": True, "expert_bytes": shape.expert_bytes},
     }
     context = {
         "trace": str(args.trace),

@@ -25,9 +25,11 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     spec = raw.get("spec", {})
     hits = raw.get("hits") or {}
 
+    expert_bytes = spec.get("expert_bytes") or shape.expert_bytes  # FP8 arms: one byte a weight
+
     def link(key: str) -> float | None:
         missed = _get(hits, key, "missed_pairs_per_token")
-        return missed * shape.expert_bytes if missed is not None else None
+        return missed * expert_bytes if missed is not None else None
 
     def agree(measured: Any, offline: Any) -> bool | None:
         return abs(measured - offline) < 1e-9 if measured is not None and offline is not None else None
@@ -48,6 +50,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "tensor_parallel_size": tp,
         **extra,
         "kind": spec.get("kind"),
+        "quantization": spec.get("quantization"),
         "slots": spec.get("slots"),
         "offload_gib": spec.get("offload_gib"),
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
@@ -120,6 +123,14 @@ def ratios(arms: dict[str, dict[str, Any]], tp: int = 1) -> dict[str, float | No
                 out[f"fast_vs_stock_offload_{bs}{est}"] = _ratio(g("reap_fast", f"decode_tok_s_{bs}{est}"), g("stock_offload", f"decode_tok_s_{bs}{est}"))
         out["fast_vs_static_cpu_bs1"] = _ratio(g("reap_fast", "decode_tok_s_bs1"), g("reap_static_cpu", "decode_tok_s_bs1"))
         out["fast_vs_static_cpu_bs1_e2e"] = _ratio(g("reap_fast", "decode_tok_s_bs1_e2e"), g("reap_static_cpu", "decode_tok_s_bs1_e2e"))
+    quant = (arms.get("reap_fast") or arms.get("stock_offload") or {}).get("quantization")
+    if quant and "reap_fast" in arms:  # issue 27's keys: the quantized fast mode against stock offload of the same scheme and bf16's
+        q = str(quant).replace("-", "_")
+        for bs in ("bs1", "bs8"):
+            for est in ("", "_e2e"):
+                out[f"{q}_fast_vs_stock_{q}_offload_{bs}{est}"] = _ratio(g("reap_fast", f"decode_tok_s_{bs}{est}"),
+                                                                         g("stock_offload", f"decode_tok_s_{bs}{est}"))
+                out[f"{q}_fast_vs_bf16_fast_{bs}{est}"] = _ratio(g("reap_fast", f"decode_tok_s_{bs}{est}"), g("bf16_reap_fast", f"decode_tok_s_{bs}{est}"))
     return tpm.tp_ratios(out, tp)
 
 

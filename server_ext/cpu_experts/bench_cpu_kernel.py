@@ -12,6 +12,10 @@ experts (one top-8 layer step whose misses all went to the CPU).
 
     python -m reap_swap.server_ext.cpu_experts.bench_cpu_kernel --out result.json
 
+``--weights bf16,fp8,fp8-block`` also times the native kernel on FP8 (e4m3fn) experts with per-tensor
+or [128, 128] block scales (issue 27): ``fp8.<layout>.batch<b>.GBps`` counts FP8 weight bytes (one a
+weight), ``weights_per_s`` compares it with bf16 at equal work.
+
 ``--kt`` also times kt-kernel's BF16 MoE (issue 28) on the same cores: ``kt_kernel_comparison``
 (how it was timed: its ``timing`` and ``layout`` keys; the notes above ``KT_LAYOUTS``).
 """
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 from .kernel import BACKENDS, CpuExperts, CpuThreads, group_pairs, native_error, native_library
+from .quant import ExpertQuant, expert_quant
 
 H, I = 2048, 768
 _ENV_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "REAP_CPU_EXPERT_THREADS", "REAP_CPU_EXPERT_CPUS")
@@ -61,11 +66,31 @@ def memcpy_rates(mib: int, reps: int) -> dict[str, dict]:
     }
 
 
-def backend_rate(backend: str, batch: int, experts: int, reps: int, threads: CpuThreads, seed: int = 0) -> dict:
-    """Weight GB/s of one backend over ``experts`` distinct experts, 8 per call, ``batch`` tokens each."""
+WEIGHTS = ("bf16", "fp8", "fp8-block")
+
+
+def fp8_bank(experts: int, g: torch.Generator, block: bool) -> tuple[torch.Tensor, torch.Tensor, ExpertQuant]:
+    """FP8 experts as vLLM holds them: e4m3fn rows of ~N(0, 0.02) weights and per-tensor or [128, 128] block scales."""
+    w13 = (torch.randn(experts, 2 * I, H, generator=g) * 64).to(torch.float8_e4m3fn)  # N(0, 1) x 64 in e4m3, scale 0.02 / 64
+    w2 = (torch.randn(experts, H, I, generator=g) * 64).to(torch.float8_e4m3fn)
+    if block:
+        s = {"w13_weight_scale_inv": torch.full((experts, 2 * I // 128, H // 128), 0.02 / 64),
+             "w2_weight_scale_inv": torch.full((experts, H // 128, I // 128), 0.02 / 64)}
+    else:
+        s = {"w13_weight_scale": torch.full((experts,), 0.02 / 64), "w2_weight_scale": torch.full((experts,), 0.02 / 64)}
+    return w13, w2, expert_quant(w13, w2, s, (128, 128) if block else None)
+
+
+def backend_rate(backend: str, batch: int, experts: int, reps: int, threads: CpuThreads, seed: int = 0, weights: str = "bf16") -> dict:
+    """Weight GB/s of one backend over ``experts`` distinct experts, 8 per call, ``batch`` tokens each
+    (``weights``: bf16, or FP8 with per-tensor / block scales; GB/s counts the weights' own bytes)."""
     g = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(experts, 2 * I, H, generator=g) * 0.02).to(torch.bfloat16)
-    w2 = (torch.randn(experts, H, I, generator=g) * 0.02).to(torch.bfloat16)
+    quant = None
+    if weights == "bf16":
+        w13 = (torch.randn(experts, 2 * I, H, generator=g) * 0.02).to(torch.bfloat16)
+        w2 = (torch.randn(experts, H, I, generator=g) * 0.02).to(torch.bfloat16)
+    else:
+        w13, w2, quant = fp8_bank(experts, g, weights == "fp8-block")
     x = torch.randn(batch, H, generator=g).to(torch.bfloat16)
     per_call = 8
     calls = []
@@ -78,9 +103,11 @@ def backend_rate(backend: str, batch: int, experts: int, reps: int, threads: Cpu
 
     def one_pass() -> None:
         for c, o in zip(calls, outs):
-            runner.run(x, w13, w2, c, out=o)
+            runner.run(x, w13, w2, c, out=o, quant=quant)
 
-    res = _median_rate(one_pass, experts * EXPERT_BYTES, reps)
+    nbytes = experts * EXPERT_BYTES * w13.element_size() // 2
+    res = _median_rate(one_pass, nbytes, reps)
+    res["weights_per_s"] = float(res["GBps"]) * 1e9 / w13.element_size()
     res["per_call_ms"] = float(res["median_s"]) / len(calls) * 1e3
     res["calls_per_pass"] = len(calls)
     return res
@@ -356,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--threads", type=int, default=0, help="CPU expert threads (default: env or all cores)")
     ap.add_argument("--cpus", default="", help="cores to pin the native backend's threads to, e.g. 8-15")
+    ap.add_argument("--weights", default="bf16", help=f"weight formats, comma list of {', '.join(WEIGHTS)} (FP8: native backend only)")
     ap.add_argument("--kt", action="store_true", help="also time kt-kernel's BF16 MoE on a repacked copy (if importable)")
     ap.add_argument("--kt-layouts", default="same,kt",
                     help="where kt-kernel's threads go, comma list, the first one is kt_kernel_comparison's figures "
@@ -364,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.reps < 5:
         ap.error("--reps must be >= 5 (medians of at least five)")
+    formats = [w for w in args.weights.split(",") if w]
+    if not formats or any(w not in WEIGHTS for w in formats):
+        ap.error(f"--weights: a comma list of {', '.join(WEIGHTS)}, got {args.weights!r}")
     kt_layouts = [k for k in args.kt_layouts.split(",") if k]
     if args.kt and (not kt_layouts or any(k not in KT_LAYOUTS for k in kt_layouts)):
         ap.error(f"--kt-layouts: a comma list of {sorted(KT_LAYOUTS)}")
@@ -403,6 +434,23 @@ def main(argv: list[str] | None = None) -> int:
             per_backend[backend][f"batch{b}"] = r
             print(f"{backend:7s} batch {b}: {r['GBps']:.2f} GB/s ({r['vs_memcpy']:.0%} of memcpy {memcpy:.2f})", flush=True)
     result["backends"] = per_backend
+    fp8: dict[str, dict] = {}
+    for fmt in (w for w in formats if w != "bf16"):
+        if native_library() is None:
+            fp8[fmt] = {"skipped": native_error()}
+            continue
+        fp8[fmt] = {}
+        for b in (int(s) for s in args.batches.split(",")):
+            r = backend_rate("native", b, args.experts, args.reps, threads, weights=fmt)
+            r["vs_read"] = float(r["GBps"]) / float(result["read_GBps"])
+            bf = per_backend.get("native", {}).get(f"batch{b}")
+            if bf and "weights_per_s" in bf:
+                r["weights_per_s_vs_bf16"] = float(r["weights_per_s"]) / float(bf["weights_per_s"])
+            fp8[fmt][f"batch{b}"] = r
+            print(f"native {fmt} batch {b}: {r['GBps']:.2f} GB/s of FP8 bytes ({r.get('weights_per_s_vs_bf16', float('nan')):.2f}x "
+                  f"bf16's weights per second)", flush=True)
+    if fp8:
+        result["fp8"] = fp8
     if args.kt and result["kt_kernel"]["importable"] == "yes":
         # written first: kt-kernel's extension is built for one ISA (AMX on the H200's Xeon) and dies with
         # SIGILL elsewhere, taking the process with it; ours is kept and the error says what happened

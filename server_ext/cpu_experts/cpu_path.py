@@ -33,6 +33,7 @@ import torch
 
 from ..config import ResidencyConfigError, _bool_env, _float_env, _int_env
 from .kernel import CpuThreads
+from .quant import FP8_DTYPES, IGNORED_SIDE, fp8_scale_names
 from .split import CostModel, plan_split
 from .step import BankRows, CpuStep, Staging
 from .team import WAIT_POLLS, spin_us_from_env
@@ -59,21 +60,28 @@ _CPU_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def check_expert_weights(layer: int, weights: Mapping[str, torch.Tensor], quantization: str | None = None) -> None:
-    """Refuse at load what the CPU expert kernel cannot compute: it reads bf16/fp16/fp32 ``w13_weight``
-    / ``w2_weight`` rows as they are and applies no scale, so quantized experts (FP8: float8 rows and
-    per-expert scales) would give wrong outputs, not an error, if they were let through.
+    """Refuse at load what the CPU expert kernel cannot compute: it reads unquantized ``w13_weight`` /
+    ``w2_weight`` rows as they are, or float8_e4m3fn rows with their weight scales (per-tensor,
+    per-shard or block: ``quant.py``); any other quantized layout (packed 4-bit, zero points, FP8
+    without scales) would give wrong outputs, not an error, if it were let through.
     ``quantization`` (the model's, if any) only names the cause in the message.
     """
     dtypes = {n: t.dtype for n, t in weights.items() if n in ("w13_weight", "w2_weight")}
-    odd = {n: str(d).replace("torch.", "") for n, d in dtypes.items() if d not in _CPU_KERNEL_DTYPES}
-    scales = sorted(n for n in weights if "scale" in n or "zero" in n)
-    if len(dtypes) < 2 or odd or scales:
+    fp8 = len(dtypes) == 2 and all(d in FP8_DTYPES for d in dtypes.values())
+    odd = {} if fp8 else {n: str(d).replace("torch.", "") for n, d in dtypes.items() if d not in _CPU_KERNEL_DTYPES}
+    side = sorted(n for n in weights if "scale" in n or "zero" in n)
+    readable = set(fp8_scale_names(weights).values()) | set(IGNORED_SIDE) if fp8 else set()
+    scales = [n for n in side if n not in readable]
+    missing = [m for m in ("w13", "w2") if fp8 and m not in fp8_scale_names(weights)]
+    if len(dtypes) < 2 or odd or scales or missing:
         what = ", ".join(filter(None, [f"quantization={quantization!r}" if quantization else "",
-                                       f"expert weights {odd}" if odd else "", f"per-expert scales {scales}" if scales else "",
+                                       f"expert weights {odd}" if odd else "", f"per-expert tensors {scales}" if scales else "",
+                                       f"float8 experts without {missing} weight scales" if missing else "",
                                        "no w13_weight/w2_weight" if len(dtypes) < 2 else ""]))
         raise CpuPathConfigError(
-            f"--cpu-experts ({ENV_CPU_EXPERTS}=1) computes unquantized bf16/fp16/fp32 experts only; layer {layer} has {what}. "
-            f"Serve this model without --cpu-experts (misses then read the host rows over the link), or serve an unquantized checkpoint")
+            f"--cpu-experts ({ENV_CPU_EXPERTS}=1) computes unquantized bf16 experts and FP8 (e4m3fn) experts with their weight "
+            f"scales; layer {layer} has {what}. Serve this model without --cpu-experts (misses then read the host rows over the "
+            f"link), or serve an unquantized or FP8 checkpoint")
 
 
 @dataclass(frozen=True)
@@ -281,8 +289,9 @@ class LayerCpuPath:
 
             job, b = self.step_job, self.bank
             scratch = torch.zeros(self.rows * self.top_k, b.inter, dtype=torch.float32, device=self.device)
+            quant = b.quant.to(self.device) if b.quant is not None else None  # FP8: the scales where the kernel reads them
             self._recompute = Recompute(job.x, job.ids.view(-1), job.weights.view(-1), b.w13, b.w2, b.row_offset, self.top_k,
-                                        scratch, self._timeout_flag, job.team.stalled_on_device)
+                                        scratch, self._timeout_flag, job.team.stalled_on_device, quant)
         return self._recompute
 
     def take_timeout_flag(self) -> bool:
@@ -337,6 +346,8 @@ def measure_cpu_GBps(path: LayerCpuPath, repeats: int = 3) -> float:
 def measure_link_GBps(host_rows: torch.Tensor, repeats: int = 3) -> float:
     """A device kernel reading host rows over the link (what a miss costs), best of N."""
     rows = host_rows[: min(8, host_rows.shape[0])]
+    if rows.element_size() == 1:  # FP8 rows: read them as bf16 pairs (the sum's value is never used, only its bytes)
+        rows = rows.view(torch.bfloat16) if rows.shape[-1] % 2 == 0 else rows.view(torch.uint8)
     rows.sum(dtype=torch.float32)
     torch.cuda.synchronize()
     best = float("inf")

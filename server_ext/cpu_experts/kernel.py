@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .cores import ENV_CPUS, parse_core_list, rank_cpus
+from .quant import FP8_DTYPES, ExpertQuant
 
 BACKENDS = ("torch", "linear", "native")
 _SRC = Path(__file__).with_name("native_experts.c")
@@ -163,7 +164,7 @@ def native_library() -> ctypes.CDLL | None:
         _native_error = f"{exc!r} {detail.decode(errors='replace')[-500:]}"
         return None
     p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.reap_cpu_experts.argtypes = [p, i64, p, i64, p, p, i32, p, p, i32, p, i64, i32, i32, p, p, p, p, i32]
+    lib.reap_cpu_experts.argtypes = [p, i64, p, i64, p, p, i32, p, p, i32, p, i64, i32, i32, p, p, p, p, i32, p]
     lib.reap_cpu_experts.restype = i32
     lib.reap_cpu_experts_set_cpus.argtypes = [p, i32]
     lib.reap_cpu_experts_set_cpus.restype = i32
@@ -222,38 +223,46 @@ class CpuExperts:
         w2: torch.Tensor,
         batch: PairBatch,
         out: torch.Tensor | None = None,
+        quant: ExpertQuant | None = None,
     ) -> torch.Tensor:
         """[P, H] bf16 outputs of ``batch``'s pairs (group order) from ``x`` [T, H] bf16.
 
         ``w13`` [R, 2I, H] and ``w2`` [R, H, I] are the bank tensors (any rows beyond the batch's are
-        never touched); each row's weights must be contiguous.
+        never touched); each row's weights must be contiguous. bf16 rows, or float8_e4m3fn rows with
+        ``quant`` (their scales per bank row; every backend computes ``(w * s)`` in fp32 against the
+        bf16 activations).
         """
         p, h = batch.num_pairs, x.shape[1]
         i = w2.shape[2]
         if w13.shape[1:] != (2 * i, h) or w2.shape[1] != h:
             raise ValueError(f"bank shapes w13 {tuple(w13.shape)} w2 {tuple(w2.shape)} do not fit H={h}, I={i}")
-        if w13.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16 or x.dtype != torch.bfloat16:
-            raise ValueError("the CPU expert path computes bf16 banks only")
+        check_bank_dtypes(w13, w2, quant)
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"the CPU expert path takes bf16 hidden states, got {x.dtype}")
         if out is None:
             out = torch.empty(p, h, dtype=torch.bfloat16)
         if p == 0:
             return out
         if self.backend == "native":
-            self._run_native(x, w13, w2, batch, out)
+            self._run_native(x, w13, w2, batch, out, quant)
         else:
             with _torch_threads(self.threads.n):
-                self._run_torch(x, w13, w2, batch, out, exact=self.backend == "torch")
+                self._run_torch(x, w13, w2, batch, out, exact=self.backend == "torch", quant=quant)
         return out
 
     def _run_torch(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor, exact: bool
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor, exact: bool,
+        quant: ExpertQuant | None = None,
     ) -> None:
         offs = batch.offsets.tolist()
         for g, row in enumerate(batch.rows.tolist()):
             lo, hi = offs[g], offs[g + 1]
             xg = x.index_select(0, batch.tokens[lo:hi].long())
             wg = batch.weights[lo:hi, None]
-            if exact:
+            if quant is not None:  # both torch backends: the dequantized fp32 rows, fp32 accumulation
+                hg = (xg.float() @ quant.dequantize("w13", w13, row).t()).to(torch.bfloat16)
+                y = silu_and_mul_bf16(hg).float() @ quant.dequantize("w2", w2, row).t()
+            elif exact:
                 hg = (xg.float() @ w13[row].float().t()).to(torch.bfloat16)
                 y = silu_and_mul_bf16(hg).float() @ w2[row].float().t()
             else:
@@ -267,7 +276,8 @@ class CpuExperts:
             self._scratch[name] = t
         return t
 
-    def _run_native(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor) -> None:
+    def _run_native(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, batch: PairBatch, out: torch.Tensor,
+                    quant: ExpertQuant | None = None) -> None:
         p, h = batch.num_pairs, x.shape[1]
         i = w2.shape[2]
         if w13[0].stride() != (h, 1) or w2[0].stride() != (i, 1) or x.stride(1) != 1 or not out.is_contiguous():
@@ -275,15 +285,32 @@ class CpuExperts:
         xs, hs, acts = self._buf("xs", p * h), self._buf("hs", p * max(2 * i, h)), self._buf("as", p * i)
         rows, offs = batch.rows.contiguous(), batch.offsets.contiguous()
         toks, wts = batch.tokens.contiguous(), batch.weights.contiguous()
+        cq = quant.to_c() if quant is not None else None
         rc = native_library().reap_cpu_experts(  # type: ignore[union-attr]
             w13.data_ptr(), w13.stride(0), w2.data_ptr(), w2.stride(0),
             rows.data_ptr(), offs.data_ptr(), rows.numel(),
             toks.data_ptr(), wts.data_ptr(), p,
             x.data_ptr(), x.stride(0), h, i,
             xs.data_ptr(), hs.data_ptr(), acts.data_ptr(), out.data_ptr(), self.threads.n,
+            ctypes.addressof(cq) if cq is not None else None,
         )
         if rc != 0:
             raise RuntimeError(f"native CPU expert kernel failed ({rc})")
+
+
+def check_bank_dtypes(w13: torch.Tensor, w2: torch.Tensor, quant: ExpertQuant | None) -> None:
+    """bf16 rows without scales, or float8_e4m3fn rows with them: what every backend computes."""
+    if quant is None:
+        if w13.dtype != torch.bfloat16 or w2.dtype != torch.bfloat16:
+            raise ValueError(f"the CPU expert path computes bf16 rows, or float8_e4m3fn rows with their scales; got "
+                             f"{w13.dtype} / {w2.dtype} without scales")
+        return
+    if w13.dtype not in FP8_DTYPES or w2.dtype not in FP8_DTYPES:
+        raise ValueError(f"scales were given for {w13.dtype} / {w2.dtype} rows; the CPU kernel decodes float8_e4m3fn")
+    for name, w, m in (("w13", w13, quant.w13), ("w2", w2, quant.w2)):
+        rows, n, k = w.shape
+        if m.scales.shape[0] < rows or tuple(m.scales.shape[1:]) != (-(-n // m.bn), -(-k // m.bk)):
+            raise ValueError(f"{name} scales {tuple(m.scales.shape)} with block [{m.bn}, {m.bk}] do not fit rows {tuple(w.shape)}")
 
 
 class _torch_threads:

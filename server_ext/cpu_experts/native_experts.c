@@ -1,4 +1,4 @@
-/* CPU expert MLPs straight from the host bank rows (bf16, row-major [N, K]), no weight copy.
+/* CPU expert MLPs straight from the host bank rows (bf16 or FP8 e4m3, row-major [N, K]), no weight copy.
  *
  * Why our own: decode is a GEMV per expert (1-8 tokens), bound by DRAM reads of the weights.
  * The plain layout is already the GEMV-friendly one (each output is a dot product of one
@@ -7,6 +7,14 @@
  * AVX512-BF16 (Zen 4, Sapphire Rapids) rows meet bf16 activations in vdpbf16ps; with plain
  * AVX-512 weights are widened to fp32 in registers (a shift) and FMA'd; activations stay in L1
  * and every weight byte is read once per call whatever the token count.
+ *
+ * FP8 (e4m3fn) rows are dequantized in registers: each byte becomes an fp16 bit pattern with one
+ * shift and one mask (the e4m3 exponent and mantissa land in fp16's low exponent bits and top
+ * mantissa bits: the fp16 number is the e4m3 value times 2^-8, subnormals included, exactly),
+ * vcvtph2ps widens it; the per-expert (per-tensor, per-shard or [bn, bk] block) scale times 2^8
+ * multiplies each decoded chunk of a block (w * s: the fp32 product a dequantize-then-matmul
+ * computes) or, with one block per row, the row's dot product once at the end. Activations stay bf16 (no activation quantization:
+ * the CPU's result is the unquantized-activation one). e4m3fn's NaN (0x7f / 0xff) reads as 480.
  *
  * Semantics follow vLLM's fused MoE on bf16: h = bf16(x W13^T) (fp32 accumulation),
  * a = bf16(bf16(silu(h_gate)) * h_up) (CUDA silu_and_mul), y = bf16(fp32(a W2^T) * w) (routing
@@ -169,18 +177,127 @@ static void tile_rb_1(const uint16_t* const* W, const act_t* X, int K, float* Y)
   }
 }
 
-/* Rows [n0, n1) of W [N, K] against np vectors; vector q is X + (idx ? idx[q] : q) * xstride.
+/* e4m3fn -> fp32 (the scalar tails and the non-AVX-512 build; NaN patterns read as 480 like the vector path). */
+static inline float fp8_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e ? ldexpf(1.0f + (float)m / 8.0f, e - 7) : ldexpf((float)m / 8.0f, -6);
+  return (b & 0x80) ? -v : v;
+}
+
+#if defined(__AVX512F__)
+/* 16 e4m3 bytes -> 16 fp32 values times 2^-8 (exact): sign-extend to 16 bits, shift the exponent and
+ * mantissa into fp16's bits 13..7 (the sign copies land in bits 15 and 14), clear bit 14, widen. */
+static inline __m512 fp8x16(const uint8_t* p) {
+  __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+  return _mm512_cvtph_ps(h);
+}
+static inline __m512 act16(const act_t* x) { /* 16 activations as fp32 */
+#if USE_DPBF16
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16));
+#else
+  return _mm512_loadu_ps(x);
+#endif
+}
+#endif
+
+/* FP8 rows: Y[t * RB + r] = sum_k (W[r][k] * S[r][k / bk]) * X[t][k] for r < RB, t < NT (NT: 1 or TB,
+ * a constant after inlining). S[r] is row r's scale row ([nbk] scales, one per bk columns). Each
+ * 16-byte chunk of a row is decoded once and FMA'd into NT tokens. One block per row (per-tensor and
+ * per-shard scales: bk >= K) leaves the scale to the end -- (sum_k w x) * s, one multiply per output
+ * instead of one per 16 weights; blocks multiply each decoded chunk by its block's scale. */
+static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W, const float* const* S, int bk,
+                                                        const act_t* const* X, int K, float* Y, const int NT) {
+  float tail[RB * TB];
+  for (int i = 0; i < RB * TB; i++) tail[i] = 0.0f;
+  const int one_block = bk >= K;
+#if defined(__AVX512F__)
+  __m512 acc[RB][TB];
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+#endif
+  for (int k0 = 0, kb = 0; k0 < K; k0 += bk, kb++) {
+    const int k1 = K - k0 < bk ? K : k0 + bk;
+    int k = k0;
+#if defined(__AVX512F__)
+    if (one_block) {
+      for (; k + 16 <= k1; k += 16) {
+        __m512 xv[TB];
+        for (int t = 0; t < NT; t++) xv[t] = act16(X[t] + k);
+        for (int r = 0; r < RB; r++) {
+          const __m512 wv = fp8x16(W[r] + k);
+          for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+      }
+    } else {
+      __m512 sc[RB];
+      for (int r = 0; r < RB; r++) sc[r] = _mm512_set1_ps(S[r][kb] * 256.0f);
+      for (; k + 16 <= k1; k += 16) {
+        __m512 xv[TB];
+        for (int t = 0; t < NT; t++) xv[t] = act16(X[t] + k);
+        for (int r = 0; r < RB; r++) {
+          const __m512 wv = _mm512_mul_ps(fp8x16(W[r] + k), sc[r]);
+          for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+      }
+    }
+#endif
+    for (; k < k1; k++)
+      for (int r = 0; r < RB; r++) {
+        const float wv = fp8_to_f32(W[r][k]) * (one_block ? 1.0f : S[r][kb]);
+        for (int t = 0; t < NT; t++) tail[t * RB + r] += wv * act_f32(X[t][k]);
+      }
+  }
+  for (int r = 0; r < RB; r++)
+    for (int t = 0; t < NT; t++) {
+#if defined(__AVX512F__)
+      /* one block: the vector sums carry the decode's 2^-8 and no scale yet */
+      const float v = one_block ? _mm512_reduce_add_ps(acc[r][t]) * (S[r][0] * 256.0f) : _mm512_reduce_add_ps(acc[r][t]);
+#else
+      const float v = 0.0f;
+#endif
+      Y[t * RB + r] = v + (one_block ? tail[t * RB + r] * S[r][0] : tail[t * RB + r]);
+    }
+}
+static void tile8_rb_tb(const uint8_t* const* W, const float* const* S, int bk, const act_t* const* X, int K, float* Y) {
+  tile8(W, S, bk, X, K, Y, TB);
+}
+static void tile8_rb_1(const uint8_t* const* W, const float* const* S, int bk, const act_t* X, int K, float* Y) {
+  const act_t* xs[1] = {X};
+  tile8(W, S, bk, xs, K, Y, 1);
+}
+
+/* One expert's matrix as the dot kernels read it: rows of K weights, bf16 or FP8 with scales.
+ * FP8: the scale of row n, columns [kb * bk, (kb + 1) * bk) is s[(n / bn) * nbk + kb]. */
+typedef struct {
+  const uint8_t* w; /* row 0 */
+  int64_t row_bytes;
+  int fp8;
+  const float* s;
+  int bn, bk, nbk;
+} mat_t;
+
+/* Rows [n0, n1) of matrix M [N, K] against np vectors; vector q is X + (idx ? idx[q] : q) * xstride.
  * Y[q * ldy + n - ycol0] for n in [n0, n1). Short tiles repeat their first row / vector (results dropped). */
-static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X, const int32_t* idx, int64_t xstride,
+static void rows_block(const mat_t* M, int K, int n0, int n1, const act_t* X, const int32_t* idx, int64_t xstride,
                        int np, float* Y, int64_t ldy, int ycol0) {
   float tmp[TB * RB];
-  const uint16_t* wr[RB];
+  const uint8_t* wr[RB];
+  const float* sr[RB];
   const act_t* xr[TB];
   for (int n = n0; n < n1; n += RB) {
     int nr = n1 - n < RB ? n1 - n : RB;
-    for (int r = 0; r < RB; r++) wr[r] = W + (int64_t)(n + (r < nr ? r : 0)) * K;
+    for (int r = 0; r < RB; r++) {
+      const int row = n + (r < nr ? r : 0);
+      wr[r] = M->w + (int64_t)row * M->row_bytes;
+      sr[r] = M->fp8 ? M->s + (int64_t)(row / M->bn) * M->nbk : NULL;
+    }
     if (np == 1) {
-      tile_rb_1(wr, X + (int64_t)(idx ? idx[0] : 0) * xstride, K, tmp);
+      const act_t* x = X + (int64_t)(idx ? idx[0] : 0) * xstride;
+      if (M->fp8)
+        tile8_rb_1(wr, sr, M->bk, x, K, tmp);
+      else
+        tile_rb_1((const uint16_t* const*)wr, x, K, tmp);
       for (int r = 0; r < nr; r++) Y[n + r - ycol0] = tmp[r];
       continue;
     }
@@ -190,12 +307,26 @@ static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X,
         int q = p + (t < nt ? t : 0);
         xr[t] = X + (int64_t)(idx ? idx[q] : q) * xstride;
       }
-      tile_rb_tb(wr, xr, K, tmp);
+      if (M->fp8)
+        tile8_rb_tb(wr, sr, M->bk, xr, K, tmp);
+      else
+        tile_rb_tb((const uint16_t* const*)wr, xr, K, tmp);
       for (int t = 0; t < nt; t++)
         for (int r = 0; r < nr; r++) Y[(int64_t)(p + t) * ldy + n + r - ycol0] = tmp[t * RB + r];
     }
   }
 }
+
+/* How the experts' weights are stored: bf16 (fp8 = 0, the rest unused) or FP8 e4m3fn with fp32 scales
+ * per bank row: w13's row r has scales s13 + r * s13_row_stride ([ceil(2I / bn13), nbk13], row-major,
+ * block [bn13, bk13]; per-tensor: bn13 = 2I, bk13 = H; per-shard [gate, up]: bn13 = I), w2's likewise.
+ * Mirrored by ``quant.CQuant`` (ctypes). */
+typedef struct {
+  int64_t fp8;
+  const float *s13, *s2;
+  int64_t s13_row_stride, s2_row_stride;
+  int64_t bn13, bk13, nbk13, bn2, bk2, nbk2;
+} reap_quant;
 
 /* One call's work, shared by the threads that compute it. Groups are experts (bank rows); pairs
  * [off[g], off[g+1]) route to group g. Two phases of dynamically handed-out items (the OpenMP entry
@@ -207,8 +338,8 @@ static void rows_block(const uint16_t* W, int K, int n0, int n1, const act_t* X,
  * Items are small (<= 128 KB of weights) so the last ones to finish leave little idle time. */
 #define NBA 16
 typedef struct {
-  const uint16_t *w13, *w2;
-  int64_t w13_row_stride, w2_row_stride;
+  const uint8_t *w13, *w2;
+  int64_t w13_row_stride, w2_row_stride; /* in weights */
   const int32_t *group_rows, *group_off;
   int n_groups, n_pairs, H, I;
   const act_t* x;         /* pair q's input: x + (x_idx ? x_idx[q] : q) * x_stride */
@@ -219,7 +350,24 @@ typedef struct {
   float* hs;               /* [n_pairs, 2I] fp32 */
   act_t* as;               /* [n_pairs, I] */
   uint16_t* out;           /* [*, H] */
+  reap_quant q;
 } work_t;
+
+static inline int64_t wbytes(const work_t* w) { return w->q.fp8 ? 1 : 2; } /* bytes per weight */
+
+/* Group g's w13 / w2 matrix. */
+static inline mat_t mat13(const work_t* w, int g) {
+  const int64_t row = w->group_rows[g];
+  mat_t m = {w->w13 + row * w->w13_row_stride * wbytes(w), (int64_t)w->H * wbytes(w), (int)w->q.fp8,
+             w->q.fp8 ? w->q.s13 + row * w->q.s13_row_stride : NULL, (int)w->q.bn13, (int)w->q.bk13, (int)w->q.nbk13};
+  return m;
+}
+static inline mat_t mat2(const work_t* w, int g) {
+  const int64_t row = w->group_rows[g];
+  mat_t m = {w->w2 + row * w->w2_row_stride * wbytes(w), (int64_t)w->I * wbytes(w), (int)w->q.fp8,
+             w->q.fp8 ? w->q.s2 + row * w->q.s2_row_stride : NULL, (int)w->q.bn2, (int)w->q.bk2, (int)w->q.nbk2};
+  return m;
+}
 
 static inline int blocks_a(const work_t* w) { return (w->I + NBA - 1) / NBA; } /* A items per group */
 static inline int blocks_b(const work_t* w) { return (w->H + NB - 1) / NB; }   /* B items per group */
@@ -231,12 +379,12 @@ static void item_a(const work_t* w, int it) {
   int g = it / per, b = it % per;
   int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
   int n0 = b * NBA, n1 = n0 + NBA < I ? n0 + NBA : I;
-  const uint16_t* W = w->w13 + (int64_t)w->group_rows[g] * w->w13_row_stride;
+  const mat_t W = mat13(w, g);
   const act_t* X = w->x_idx ? w->x : w->x + (int64_t)p0 * w->x_stride;
   const int32_t* idx = w->x_idx ? w->x_idx + p0 : NULL;
   float* hs = w->hs + (int64_t)p0 * n13;
-  rows_block(W, w->H, n0, n1, X, idx, w->x_stride, np, hs, n13, 0);       /* gate */
-  rows_block(W, w->H, I + n0, I + n1, X, idx, w->x_stride, np, hs, n13, 0);  /* up */
+  rows_block(&W, w->H, n0, n1, X, idx, w->x_stride, np, hs, n13, 0);       /* gate */
+  rows_block(&W, w->H, I + n0, I + n1, X, idx, w->x_stride, np, hs, n13, 0);  /* up */
   for (int q = 0; q < np; q++)
     for (int i = n0; i < n1; i++) {
       float gt = round_bf16(hs[(int64_t)q * n13 + i]), u = round_bf16(hs[(int64_t)q * n13 + I + i]);
@@ -250,11 +398,11 @@ static void item_b(const work_t* w, int it) {
   int g = it / per, b = it % per;
   int p0 = w->group_off[g], np = w->group_off[g + 1] - p0;
   int n0 = b * NB, n1 = n0 + NB < H ? n0 + NB : H;
-  const uint16_t* W = w->w2 + (int64_t)w->group_rows[g] * w->w2_row_stride;
+  const mat_t W = mat2(w, g);
   float y[TB * NB];
   for (int q0 = 0; q0 < np; q0 += TB) {
     int nq = np - q0 < TB ? np - q0 : TB;
-    rows_block(W, w->I, n0, n1, w->as + (int64_t)(p0 + q0) * w->I, NULL, w->I, nq, y, NB, n0);
+    rows_block(&W, w->I, n0, n1, w->as + (int64_t)(p0 + q0) * w->I, NULL, w->I, nq, y, NB, n0);
     for (int q = 0; q < nq; q++) {
       int p = p0 + q0 + q;
       uint16_t* dst = w->out + (int64_t)(w->pair_dst ? w->pair_dst[p] : p) * H;
@@ -265,12 +413,14 @@ static void item_b(const work_t* w, int it) {
 
 /* --- OpenMP entry (CpuExperts' native backend): one team per call ---------------------------- */
 
-int reap_cpu_experts(const uint16_t* w13, int64_t w13_row_stride, const uint16_t* w2, int64_t w2_row_stride,
+/* quant: NULL for bf16 rows. */
+int reap_cpu_experts(const void* w13, int64_t w13_row_stride, const void* w2, int64_t w2_row_stride,
                      const int32_t* group_rows, const int32_t* group_off, int n_groups, const int32_t* pair_tok,
                      const float* pair_w, int n_pairs, const uint16_t* x, int64_t x_stride, int H, int I, void* xs_,
-                     float* hs, void* as_, uint16_t* out, int nthreads) {
-  work_t w = {w13, w2, w13_row_stride, w2_row_stride, group_rows, group_off, n_groups, n_pairs, H, I,
-              NULL, NULL, H, pair_w, NULL, hs, (act_t*)as_, out};
+                     float* hs, void* as_, uint16_t* out, int nthreads, const reap_quant* quant) {
+  work_t w = {(const uint8_t*)w13, (const uint8_t*)w2, w13_row_stride, w2_row_stride, group_rows, group_off, n_groups, n_pairs, H, I,
+              NULL, NULL, H, pair_w, NULL, hs, (act_t*)as_, out, {0}};
+  if (quant) w.q = *quant;
   act_t* xs = (act_t*)xs_; /* [n_pairs, H]: the pairs' inputs as the dot kernels want them */
   w.x = xs;
   int ca = 0, cb = 0;
@@ -309,8 +459,8 @@ typedef struct {
   const float* weights;
   const uint16_t* x;
   uint16_t* out;
-  const uint16_t* w13;
-  const uint16_t* w2;
+  const void* w13;
+  const void* w2;
   int64_t w13_row_stride, w2_row_stride, row_offset, expert_bytes;
   int64_t T, K, H, I, E, nthreads;
   int64_t max_pairs;   /* P: most CPU pairs of one step, what the arrays below marked [P] hold */
@@ -326,6 +476,7 @@ typedef struct {
   void* as;            /* [P * I] act_t */
   int32_t* sel;        /* [T * K]: expert of each CPU pair as read once from ids / mask, -1 for other pairs */
   int64_t calls, steps_with_work, experts, pairs, ns, bytes, status;
+  reap_quant quant;    /* how the rows are stored (fp8 = 0: bf16) */
 } reap_cpu_job;
 
 size_t reap_cpu_job_size(void) { return sizeof(reap_cpu_job); }
@@ -390,8 +541,8 @@ static int plan_job(reap_cpu_job* j, work_t* w) {
   for (int64_t k = 0; k < T * j->H; k++) xs[k] = to_act(j->x[k]);
   const act_t* x = xs;
 #endif
-  work_t v = {j->w13, j->w2, j->w13_row_stride, j->w2_row_stride, j->group_rows, j->group_off, ng, (int)np,
-              (int)j->H, (int)j->I, x, j->pair_tok, j->H, j->pair_w, j->pair_dst, j->hs, (act_t*)j->as, j->out};
+  work_t v = {(const uint8_t*)j->w13, (const uint8_t*)j->w2, j->w13_row_stride, j->w2_row_stride, j->group_rows, j->group_off, ng,
+              (int)np, (int)j->H, (int)j->I, x, j->pair_tok, j->H, j->pair_w, j->pair_dst, j->hs, (act_t*)j->as, j->out, j->quant};
   *w = v;
   return (int)np;
 }

@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .quant import ExpertQuant
+
 from .team import MAILBOX_WORDS, WAIT_POLLS
 
 __all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_merge"]
@@ -130,7 +132,8 @@ def _split_kernel(  # type: ignore[no-untyped-def]
 def _wait_merge_kernel(  # type: ignore[no-untyped-def]
     per_k_ptr, cpu_out_ptr, cpu_pairs_ptr, mailbox_ptr, expected_ptr, timeouts_ptr, flag_ptr, stalled_ptr,
     x_ptr, ids_ptr, w_ptr, w13_ptr, w2_ptr, scratch_ptr, s13, s2, row_offset, top_k, I,
-    H, limit, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr,
+    H, limit, q13_ptr, q2_ptr, q13_row, q2_row, bn13, bk13, nbk13, bn2, bk2, nbk2,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FENCE: tl.constexpr, FP8: tl.constexpr,
 ):
     p = tl.program_id(0)
     if tl.load(cpu_pairs_ptr + p) != 0:
@@ -164,8 +167,21 @@ def _wait_merge_kernel(  # type: ignore[no-untyped-def]
                     cm = c < H
                     xv = tl.load(x_ptr + tok * H + c, mask=cm, other=0.0, volatile=True).to(tl.float32)
                     m2 = rm[:, None] & cm[None, :]
-                    wg = tl.load(base13 + r[:, None] * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
-                    wu = tl.load(base13 + (r[:, None] + I) * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                    if FP8:  # uint8 rows: e4m3fn decoded exactly, times the scale of each weight's [bn, bk] block
+                        q13 = q13_ptr + (row_offset + e) * q13_row + (c // bk13)[None, :]
+                        b = tl.load(base13 + r[:, None] * H + c[None, :], mask=m2, other=0).to(tl.int32)
+                        ex = ((b >> 3) & 15).to(tl.float32)
+                        mt = (b & 7).to(tl.float32)
+                        mag = tl.where(ex > 0, (8.0 + mt) * tl.exp2(ex - 10.0), mt * 0.001953125)  # (1+m/8)2^(e-7); m 2^-9
+                        wg = tl.where((b & 128) != 0, -mag, mag) * tl.load(q13 + (r // bn13)[:, None] * nbk13, mask=m2, other=0.0)
+                        b = tl.load(base13 + (r[:, None] + I) * H + c[None, :], mask=m2, other=0).to(tl.int32)
+                        ex = ((b >> 3) & 15).to(tl.float32)
+                        mt = (b & 7).to(tl.float32)
+                        mag = tl.where(ex > 0, (8.0 + mt) * tl.exp2(ex - 10.0), mt * 0.001953125)
+                        wu = tl.where((b & 128) != 0, -mag, mag) * tl.load(q13 + ((r + I) // bn13)[:, None] * nbk13, mask=m2, other=0.0)
+                    else:
+                        wg = tl.load(base13 + r[:, None] * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
+                        wu = tl.load(base13 + (r[:, None] + I) * H + c[None, :], mask=m2, other=0.0).to(tl.float32)
                     g += tl.sum(wg * xv[None, :], axis=1)
                     u += tl.sum(wu * xv[None, :], axis=1)
                 g = g.to(tl.bfloat16).to(tl.float32)
@@ -181,7 +197,15 @@ def _wait_merge_kernel(  # type: ignore[no-untyped-def]
                     c = i0 + tl.arange(0, BLOCK_C)
                     cm = c < I
                     av = tl.load(scratch_ptr + p * I + c, mask=cm, other=0.0)
-                    wv = tl.load(base2 + o[:, None] * I + c[None, :], mask=om[:, None] & cm[None, :], other=0.0).to(tl.float32)
+                    mo = om[:, None] & cm[None, :]
+                    if FP8:
+                        b = tl.load(base2 + o[:, None] * I + c[None, :], mask=mo, other=0).to(tl.int32)
+                        ex = ((b >> 3) & 15).to(tl.float32)
+                        mt = (b & 7).to(tl.float32)
+                        mag = tl.where(ex > 0, (8.0 + mt) * tl.exp2(ex - 10.0), mt * 0.001953125)
+                        wv = tl.where((b & 128) != 0, -mag, mag) * tl.load(q2_ptr + (row_offset + e) * q2_row + (o // bn2)[:, None] * nbk2 + (c // bk2)[None, :], mask=mo, other=0.0)
+                    else:
+                        wv = tl.load(base2 + o[:, None] * I + c[None, :], mask=mo, other=0.0).to(tl.float32)
                     acc += tl.sum(wv * av[None, :], axis=1)
                 tl.store(per_k_ptr + p * H + o, (acc * wt).to(tl.bfloat16), mask=om)
         else:
@@ -268,7 +292,8 @@ class Post:
 class Recompute:
     """What a timed-out CPU pair is recomputed from on the device: the step's staged hidden states
     ``x`` [T, H] bf16, ids [T*K] int32 and routing weights [T*K] fp32 (device views of the staging),
-    the bank ``w13`` [R, 2I, H] / ``w2`` [R, H, I] (host rows read over the link), ``scratch``
+    the bank ``w13`` [R, 2I, H] / ``w2`` [R, H, I] (host rows read over the link; FP8 rows with ``quant``,
+    their scales per bank row on the device), ``scratch``
     [T*K, I] fp32 on the device, ``flag`` [1] int32 the host can read without a sync (mapped), and
     ``stalled`` [1] int64 on the device: the latest step that timed out (shared by a team's layers)."""
 
@@ -282,6 +307,7 @@ class Recompute:
     scratch: torch.Tensor
     flag: torch.Tensor
     stalled: torch.Tensor
+    quant: ExpertQuant | None = None
 
     def check(self, n: int, h: int) -> None:
         i = int(self.w2.shape[2])
@@ -301,8 +327,13 @@ def wait_and_merge(per_k: torch.Tensor, cpu_out: torch.Tensor, cpu_pairs: torch.
         raise ValueError(f"per-k rows {tuple(per_k.shape)} do not fit CPU outputs {tuple(cpu_out.shape)} / pairs {cpu_pairs.numel()}")
     recompute.check(n, h)
     r = recompute
+    q = r.quant
+    w13, w2 = (r.w13.view(torch.uint8), r.w2.view(torch.uint8)) if q is not None else (r.w13, r.w2)
+    q13, q2 = (q.w13.scales, q.w2.scales) if q is not None else (r.scratch, r.scratch)  # unread without FP8
+    blocks = (q.w13.bn, q.w13.bk, q.w13.scales.shape[2], q.w2.bn, q.w2.bk, q.w2.scales.shape[2]) if q is not None else (1,) * 6
     jitted("merge", _interpreted())[(n,)](
         per_k, cpu_out, cpu_pairs, mailbox, expected, timeouts, r.flag, r.stalled,
-        r.x, r.ids, r.weights, r.w13, r.w2, r.scratch, r.w13.stride(0), r.w2.stride(0), r.row_offset, r.top_k, int(r.w2.shape[2]),
-        h, limit, BLOCK_H=min(triton.next_power_of_2(h), 4096), BLOCK_R=32, BLOCK_C=64, FENCE=not _interpreted(),
+        r.x, r.ids, r.weights, w13, w2, r.scratch, r.w13.stride(0), r.w2.stride(0), r.row_offset, r.top_k, int(r.w2.shape[2]),
+        h, limit, q13, q2, q13.stride(0), q2.stride(0), *blocks,
+        BLOCK_H=min(triton.next_power_of_2(h), 4096), BLOCK_R=32, BLOCK_C=64, FENCE=not _interpreted(), FP8=q is not None,
         num_warps=MERGE_WARPS)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernel import CpuThreads, native_library, native_error
+from .kernel import CpuThreads, check_bank_dtypes, native_library, native_error
+from .quant import CQuant, ExpertQuant
 from .team import CpuTeam, PlainStaging, Staging, process_team
 
 __all__ = ["BankRows", "CpuJob", "CpuStep", "PlainStaging", "Staging"]
@@ -45,6 +46,7 @@ class CpuJob(ctypes.Structure):
         ("counts", _p), ("group_rows", _p), ("group_off", _p), ("pair_tok", _p), ("pair_dst", _p), ("group_done", _p), ("pair_w", _p),
         ("xs", _p), ("hs", _p), ("as_", _p), ("sel", _p),
         ("calls", _i), ("steps_with_work", _i), ("experts", _i), ("pairs", _i), ("ns", _i), ("bytes", _i), ("status", _i),
+        ("quant", CQuant),
     ]
 
 
@@ -55,17 +57,19 @@ STAT_FIELDS = ("calls", "steps_with_work", "experts", "pairs", "ns", "bytes")
 class BankRows:
     """The bank tensors the CPU reads (host-addressable rows) and where expert ``e``'s host row is."""
 
-    w13: torch.Tensor  # [R, 2I, H] bf16
-    w2: torch.Tensor  # [R, H, I] bf16
+    w13: torch.Tensor  # [R, 2I, H] bf16 or float8_e4m3fn
+    w2: torch.Tensor  # [R, H, I]
     row_offset: int  # bank row of expert e = row_offset + e (full host copy)
     num_experts: int
+    quant: ExpertQuant | None = None  # FP8 rows: their scales per bank row (host copy)
 
     def __post_init__(self) -> None:
         r, i2, h = self.w13.shape
         if self.w2.shape != (r, h, i2 // 2) or i2 % 2:
             raise ValueError(f"bank shapes w13 {tuple(self.w13.shape)} w2 {tuple(self.w2.shape)} are not [R, 2I, H] / [R, H, I]")
-        if self.w13.dtype != torch.bfloat16 or self.w2.dtype != torch.bfloat16:
-            raise ValueError("the CPU expert path computes bf16 banks only")
+        check_bank_dtypes(self.w13, self.w2, self.quant)
+        if self.quant is not None:
+            self.quant.to_c()  # host scales
         if self.w13[0].stride() != (h, 1) or self.w2[0].stride() != (i2 // 2, 1):
             raise ValueError("the CPU expert path needs row-contiguous bank rows")
         if self.row_offset < 0 or self.row_offset + self.num_experts > r:
@@ -81,7 +85,8 @@ class BankRows:
 
     @property
     def expert_bytes(self) -> int:
-        return (self.w13[0].numel() + self.w2[0].numel()) * 2
+        """Weight bytes of one expert (what a miss moves over the link or the CPU reads; scales not counted)."""
+        return self.w13[0].numel() * self.w13.element_size() + self.w2[0].numel() * self.w2.element_size()
 
 
 class CpuStep:
@@ -149,6 +154,7 @@ class CpuStep:
                 w13_row_stride=b.w13.stride(0), w2_row_stride=b.w2.stride(0), row_offset=b.row_offset,
                 expert_bytes=b.expert_bytes, T=num_tokens, K=self.top_k, H=b.hidden, I=b.inter, E=b.num_experts,
                 nthreads=self.threads.n, max_pairs=self.max_pairs, **{name: t.data_ptr() for name, t in self._scratch.items()},
+                quant=b.quant.to_c() if b.quant is not None else CQuant(),
             )
             self._jobs[num_tokens] = job
         return job
