@@ -285,6 +285,16 @@ class ResidentRoutedExperts(RoutedExperts):
         if not callable(getattr(experts, "moe_sum", None)):
             raise CpuPathConfigError(
                 f"REAP_CPU_EXPERTS needs vLLM's modular fused-MoE kernel (its moe_sum step); layer {self.reap_layer_id} runs {type(experts).__name__}")
+        if type(experts).__name__.startswith("FlashInfer"):  # its moe_sum only raises: the k-sum happens inside its kernel
+            raise CpuPathConfigError(
+                f"REAP_CPU_EXPERTS merges the CPU's outputs in the fused kernel's moe_sum step; layer {self.reap_layer_id} runs "
+                f"{type(experts).__name__}, which sums inside its kernel (and keeps w13 as up, gate). Serve with vLLM's Triton "
+                f"experts (e.g. VLLM_USE_FLASHINFER_MOE_FP8=0) or without --cpu-experts")
+        backend = str(getattr(self.quant_method, "fp8_backend", "") or "")
+        if backend and "TRITON" not in backend.upper():  # other FP8 backends repack w13 (FlashInfer: up before gate) or their scales
+            raise CpuPathConfigError(
+                f"REAP_CPU_EXPERTS computes FP8 experts laid out as vLLM's Triton backend keeps them; layer {self.reap_layer_id} "
+                f"uses {backend}. Serve with the Triton FP8 MoE backend (e.g. VLLM_USE_FLASHINFER_MOE_FP8=0) or without --cpu-experts")
         activation = getattr(getattr(self, "activation", None), "value", getattr(self, "activation", "silu"))
         unsupported = [why for why, bad in (
             (f"activation {activation!r} (the CPU kernel computes SiLU-and-mul)", str(activation).lower() != "silu"),
@@ -336,7 +346,9 @@ class ResidentRoutedExperts(RoutedExperts):
                 f"--cpu-experts with FP8 experts cannot run beside --ram-complement (layer {self.reap_layer_id}): the CPU reads "
                 f"each host row's scales from a host copy, and the complement's exchanges move experts between host rows. "
                 f"Serve without one of the two")
-        block = getattr(getattr(self.quant_method, "quant_config", None), "weight_block_size", None)
+        # the block the scales were laid out with: vLLM may fit the checkpoint's block to a TP split (moe_block_shape)
+        block = getattr(self.quant_method, "moe_block_shape", None) or getattr(getattr(self.quant_method, "quant_config", None),
+                                                                             "weight_block_size", None)
         try:
             return expert_quant(w13, w2, {n: p.data for n, p in bank.params.items()}, block)
         except ValueError as exc:
