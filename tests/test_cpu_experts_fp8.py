@@ -122,6 +122,26 @@ def test_a_wrong_decode_or_scale_would_be_caught():
 
 
 @native
+@pytest.mark.parametrize("layout", ["tensor", "shard", "block"])
+def test_subnormal_and_small_weights_decode_exactly(layout):
+    """Rows of subnormals only (e = 0: m 2^-9 for m = 1..7, zeros of both signs): a decode that got any of
+    them wrong would be off by a large share of the output (checked: one wrong table entry fails this)."""
+    e, h, i, t, k = 4, 96, 64, 3, 2
+    g = torch.Generator().manual_seed(7)
+    w13, w2, q, _ = _fp8_layer(e, h, i, layout, (32, 32))
+    q = ExpertQuant(MatrixScales(torch.ones_like(q.w13.scales), q.w13.bn, q.w13.bk),  # unit scales: outputs far from fp32's underflow
+                    MatrixScales(torch.ones_like(q.w2.scales) * 64, q.w2.bn, q.w2.bk))
+    small = lambda shape: (torch.randint(0, 8, shape, generator=g) | (torch.randint(0, 2, shape, generator=g) << 7)).to(torch.uint8).view(FP8)  # noqa: E731
+    w13, w2 = small(tuple(w13.shape)), small(tuple(w2.shape))
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    batch = K.group_pairs(torch.tensor([[0, 1], [2, 3], [1, 2]]), torch.full((t, k), 0.5), torch.ones(t, k, dtype=torch.bool))
+    ref = K.CpuExperts("torch", K.CpuThreads(1)).run(x, w13, w2, batch, quant=q)
+    got = K.CpuExperts("native", K.CpuThreads(2)).run(x, w13, w2, batch, quant=q)
+    assert float(ref.float().abs().max()) > 0
+    _assert_bf16_close(got, ref)
+
+
+@native
 @pytest.mark.parametrize("layout", ["tensor", "block"])
 def test_the_teams_step_computes_fp8_host_rows(layout):
     e, h, i, k, offset, t = 12, 128, 64, 4, 5, 3

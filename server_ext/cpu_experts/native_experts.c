@@ -192,6 +192,22 @@ static inline __m512 fp8x16(const uint8_t* p) {
   h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
   return _mm512_cvtph_ps(h);
 }
+#if USE_DPBF16
+/* 32 e4m3 bytes -> 32 bf16 of the same values (exact: every e4m3 number is a normal bf16): normals move
+ * their exponent (+120) and mantissa into bf16's fields, the 7 subnormals come from a table, the sign
+ * from bit 7. For vdpbf16ps against the bf16 activations (32 MACs an instruction). */
+static inline __m512i fp8x32_bf16(const uint8_t* p) {
+  const __m512i sub_table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                             0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+  __m512i mag = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(b, 4), _mm512_set1_epi16(0x7F0)), _mm512_set1_epi16(120 << 7));
+  mag = _mm512_mask_mov_epi16(mag, _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x78)), _mm512_permutexvar_epi16(b, sub_table));
+  return _mm512_or_si512(mag, _mm512_and_si512(_mm512_slli_epi16(b, 8), _mm512_set1_epi16((short)0x8000)));
+}
+#define FP8_ONE_BLOCK_DECODE_SCALE 1.0f /* bf16 values are the e4m3 values */
+#else
+#define FP8_ONE_BLOCK_DECODE_SCALE 256.0f /* fp8x16's 2^-8 */
+#endif
 static inline __m512 act16(const act_t* x) { /* 16 activations as fp32 */
 #if USE_DPBF16
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)x)), 16));
@@ -221,6 +237,16 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
     int k = k0;
 #if defined(__AVX512F__)
     if (one_block) {
+#if USE_DPBF16
+      for (; k + 32 <= k1; k += 32) {
+        __m512i xv[TB];
+        for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_si512((const void*)(X[t] + k));
+        for (int r = 0; r < RB; r++) {
+          const __m512i wv = fp8x32_bf16(W[r] + k);
+          for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv, (__m512bh)xv[t]);
+        }
+      }
+#else
       for (; k + 16 <= k1; k += 16) {
         __m512 xv[TB];
         for (int t = 0; t < NT; t++) xv[t] = act16(X[t] + k);
@@ -229,6 +255,7 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
           for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
         }
       }
+#endif
     } else {
       __m512 sc[RB];
       for (int r = 0; r < RB; r++) sc[r] = _mm512_set1_ps(S[r][kb] * 256.0f);
@@ -251,8 +278,8 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
   for (int r = 0; r < RB; r++)
     for (int t = 0; t < NT; t++) {
 #if defined(__AVX512F__)
-      /* one block: the vector sums carry the decode's 2^-8 and no scale yet */
-      const float v = one_block ? _mm512_reduce_add_ps(acc[r][t]) * (S[r][0] * 256.0f) : _mm512_reduce_add_ps(acc[r][t]);
+      /* one block: the vector sums carry no scale yet (and fp8x16's 2^-8) */
+      const float v = one_block ? _mm512_reduce_add_ps(acc[r][t]) * (S[r][0] * FP8_ONE_BLOCK_DECODE_SCALE) : _mm512_reduce_add_ps(acc[r][t]);
 #else
       const float v = 0.0f;
 #endif
