@@ -232,10 +232,12 @@ def test_triton_promotions_copy_side_rows_like_the_reference(monkeypatch: pytest
 # ------------------------------------------------------------------ the CPU expert path refuses FP8
 
 
-def test_cpu_expert_path_refuses_fp8_experts_naming_the_flag() -> None:
-    p = fp8_params(block=False)
-    with pytest.raises(CpuPathConfigError, match=r"--cpu-experts \(REAP_CPU_EXPERTS=1\).*float8_e4m3fn.*w13_weight_scale"):
+def test_cpu_expert_path_takes_fp8_experts_and_refuses_stray_scales_naming_the_flag() -> None:
+    for block in (False, True):  # FP8 with its weight scales: the CPU kernel computes them (issue 27)
+        check_expert_weights(3, fp8_params(block=block), "fp8")
+    p = {k: v for k, v in fp8_params(block=False).items() if k != "w2_weight_scale"}
+    with pytest.raises(CpuPathConfigError, match=r"--cpu-experts \(REAP_CPU_EXPERTS=1\).*float8 experts without \['w2'\] weight scales"):
         check_expert_weights(3, p, "fp8")
-    with pytest.raises(CpuPathConfigError, match="per-expert scales"):
+    with pytest.raises(CpuPathConfigError, match="per-expert tensors"):
         check_expert_weights(3, {"w13_weight": torch.zeros(2, 4, 4), "w2_weight": torch.zeros(2, 4, 2), "w13_weight_scale": torch.ones(2)})
     check_expert_weights(0, {"w13_weight": torch.zeros(2, 4, 4, dtype=torch.bfloat16), "w2_weight": torch.zeros(2, 4, 2, dtype=torch.bfloat16)})

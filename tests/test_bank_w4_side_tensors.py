@@ -226,5 +226,5 @@ def test_kernel_operand_check_accepts_the_banks_tensors_and_refuses_copies() -> 
 
 def test_cpu_expert_path_refuses_w4_experts() -> None:
     p = w4_params("ct", False)
-    with pytest.raises(CpuPathConfigError, match=r"compressed-tensors.*per-expert scales.*no w13_weight/w2_weight"):
+    with pytest.raises(CpuPathConfigError, match=r"compressed-tensors.*per-expert tensors.*no w13_weight/w2_weight"):
         check_expert_weights(0, p, "compressed-tensors")
