@@ -7,6 +7,7 @@
 #   ... staging calls (../shared/gpu/README.md, .stage/pK) ...
 #   source /tmp/stage/setup_on_device.sh && bash scripts/gpu_fp8_session.sh bench   # last staging call: the arms, ~12 min
 #   bash scripts/gpu_fp8_session.sh poll $OUT 540   # until done (or the wait), then copies the results to $OUT
+#   source /tmp/stage/setup_on_device.sh && ARMS=... bash scripts/gpu_fp8_session.sh finish $OUT   # out of time: stop, join what finished
 #
 # Results to commit: $OUT/cpu_kernel_fp8.json, $OUT/bench_gpu_fp8.{json,md} (ARMS, QUANT override).
 set -u
@@ -36,5 +37,13 @@ poll)
   cp /tmp/learned/fp8/*.json $OUT/ 2>/dev/null  # each finished arm's raw JSON
   tail -c 1500 $W/kernel.log 2>/dev/null; echo; grep -a "bench-gpu: arm" /tmp/learned/bench.log 2>/dev/null | tail -8
   tail -c 2500 $W/session.log 2>/dev/null ;;
+finish)
+  # the device time is running out: stop the arm in flight, join the finished arms into $OUT (nothing new runs)
+  OUT=${2:?output dir}
+  pkill -f "gpu_learned_session.sh bench" ; pkill -f "reap_swap.cli" ; pkill -f "benchmarks.learned.arm"; sleep 3
+  (cd $R && QUANT=${QUANT:-fp8} ARMS=${ARMS:-stock_gpu,stock_offload,reap_static,reap_cache,reap_fast,bf16_reap_fast} \
+      WORKDIR=fp8 RESULT=bench_gpu_fp8 DEADLINE=1 bash scripts/gpu_learned_session.sh bench $OUT > $W/join.log 2>&1)
+  mkdir -p $OUT; cp $W/cpu_kernel_fp8.json $W/kernel.log $OUT/ 2>/dev/null; cp /tmp/learned/fp8/*.json $OUT/ 2>/dev/null
+  tail -c 2000 $W/join.log ;;
 *) echo "unknown phase $PHASE" >&2; exit 2 ;;
 esac
