@@ -365,7 +365,9 @@ def run_arms(specs: list[dict[str, Any]], workdir: Path, args: argparse.Namespac
             print(f"bench-gpu: arm {spec['name']} reused from {done}", flush=True)
             raw[spec["name"]] = old
         elif left < max(30.0, 1.1 * longest):  # an arm cut by the deadline would be lost: leave it to a later --resume
-            raw[spec["name"]] = {"spec": spec, "error": f"not run: the deadline was reached ({left:.0f} s left, arms took up to {longest:.0f} s)"}
+            # an arm that failed in an earlier call keeps its own error (the join must not turn a crash into "not run")
+            raw[spec["name"]] = old if old.get("error") and same else {
+                "spec": spec, "error": f"not run: the deadline was reached ({left:.0f} s left, arms took up to {longest:.0f} s)"}
         else:
             print(f"bench-gpu: arm {spec['name']} ({left:.0f} s left)", flush=True)
             raw[spec["name"]] = run_arm(spec, workdir, left, log)

@@ -171,6 +171,9 @@ def test_resume_reuses_only_finished_arms_of_the_same_spec(tmp_path: Path) -> No
     assert raw["stock_gpu"]["done_s"] == 3.0 and "not run" in raw["reap_static"]["error"]
     raw = run_arms([{**spec, "x": 2.5}], tmp_path, args)  # another spec: not reused
     assert "not run" in raw["stock_gpu"]["error"]
+    crashed = {"name": "stock_offload", "runner": "no.such.module", "x": 1}  # failed in an earlier call: a join keeps its error
+    (tmp_path / "stock_offload.json").write_text(json.dumps({"spec": crashed, "error": "NotImplementedError: meta tensor"}))
+    assert run_arms([dict(crashed)], tmp_path, args)["stock_offload"]["error"] == "NotImplementedError: meta tensor"
 
 
 def test_an_arm_starts_only_if_the_slowest_finished_arm_would_fit(tmp_path: Path) -> None:
