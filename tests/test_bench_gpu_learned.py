@@ -274,6 +274,16 @@ def test_cpu_learned_run_measures_what_the_sets_predict(tmp_path: Path) -> None:
         assert arms[name]["syncs_per_decode_step"] is not None and arms[name]["host_peak_rss_gib"] > 0  # no launches on CPU
 
 
+def _sets_and_model(tmp_path: Path) -> tuple[Path, Path]:
+    """The test trace's sets file and a model folder with only a config (build_specs reads its vocab)."""
+    sets_path = tmp_path / "sets.json"
+    write_sets(traces.load(TRACE), sets_path, TRACE_LAYERS)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    return sets_path, model
+
+
 def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(tmp_path: Path) -> None:
     """reap_fast = reap_cache + CPU path (static prior); reap_fast_classifier starts each request from the classifier's set."""
     from argparse import Namespace
@@ -281,12 +291,7 @@ def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(
     from reap_swap.benchmarks.learned.bench import CUDA_ONLY, build_specs
     from reap_swap.benchmarks.shapes import SHAPES
 
-    tr = traces.load(TRACE)
-    sets_path = tmp_path / "sets.json"
-    write_sets(tr, sets_path, TRACE_LAYERS)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    sets_path, model = _sets_and_model(tmp_path)
     args = Namespace(trace=TRACE, sets=sets_path, trace_layers=TRACE_LAYERS, requests=2, groups=1, gen=4, gen_bs8=5, batch=8, reps=1,
                      kv_cache_gib=1.0, device="cuda", profile_steps=0, arms=["reap_cache", "reap_fast", "reap_fast_classifier", "reap_classifier"])
     specs, _ = build_specs(args, model, SHAPES["tiny128"])
@@ -315,12 +320,7 @@ def test_quantized_learned_run_has_fp8_arms_beside_the_bf16_fast_baseline(tmp_pa
     from reap_swap.benchmarks.learned.bench import build_specs
     from reap_swap.benchmarks.shapes import SHAPES
 
-    tr = traces.load(TRACE)
-    sets_path = tmp_path / "sets.json"
-    write_sets(tr, sets_path, TRACE_LAYERS)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"vocab_size": 1000}))
+    sets_path, model = _sets_and_model(tmp_path)
     arms = ["stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_fast", "bf16_reap_fast"]
     common = dict(trace=TRACE, sets=sets_path, trace_layers=TRACE_LAYERS, requests=2, groups=1, gen=4, gen_bs8=5, batch=8, reps=1,
                   kv_cache_gib=1.0, device="cuda", profile_steps=0, arms=arms)
