@@ -122,6 +122,40 @@ def test_a_wrong_decode_or_scale_would_be_caught():
 
 
 @native
+@pytest.mark.parametrize("layout", ["tensor", "block"])
+@pytest.mark.parametrize("k0", [5, 130])  # in the vector loop, in the scalar tail
+@pytest.mark.parametrize("t", [1, 4])
+def test_every_byte_decodes_exactly(layout, k0, t):
+    """Each output reads one weight: x is one-hot at column k0, every gate row holds 1.0 there, up row n
+    holds byte n, and w2's row m of expert e picks activation m + 128 e. So out[e, m] = bf16(bf16(silu(1))
+    * fp8(byte)) exactly, for all 256 bytes (NaN's two read as 480), in every decode path."""
+    h, i = 136, 256
+    one = torch.tensor(1.0).to(FP8).view(torch.uint8)
+    w13 = torch.zeros(2, 2 * i, h, dtype=torch.uint8)
+    w13[:, :i, k0] = one
+    w13[:, i:, k0] = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    w2 = torch.zeros(2, h, i, dtype=torch.uint8)
+    for e in range(2):
+        w2[e, torch.arange(128), torch.arange(128) + 128 * e] = one
+    w13, w2 = w13.view(FP8), w2.view(FP8)
+    name = "weight_scale_inv" if layout == "block" else "weight_scale"
+    scales = ({"w13_weight_scale_inv": torch.ones(2, 2 * i // 32, -(-h // 32)), "w2_weight_scale_inv": torch.ones(2, -(-h // 32), i // 32)}
+              if layout == "block" else {f"w13_{name}": torch.ones(2), f"w2_{name}": torch.ones(2)})
+    q = expert_quant(w13, w2, scales, (32, 32) if layout == "block" else None)
+    x = torch.zeros(t, h, dtype=torch.bfloat16)
+    x[:, k0] = 1.0
+    batch = K.group_pairs(torch.tensor([[0, 1]] * t), torch.ones(t, 2), torch.ones(t, 2, dtype=torch.bool))
+    got = K.CpuExperts("native", K.CpuThreads(2)).run(x, w13, w2, batch, quant=q)
+    values = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8).float()
+    values[values.isnan()] = torch.where(torch.arange(256)[values.isnan()] < 128, 480.0, -480.0)
+    silu1 = torch.nn.functional.silu(torch.tensor(1.0)).to(torch.bfloat16).float()
+    want = (silu1 * values).to(torch.bfloat16)
+    for p in range(batch.num_pairs):  # group order: expert 0's pairs, then expert 1's
+        e = int(batch.experts[0 if p < t else 1])
+        assert torch.equal(got[p, :128], want[128 * e: 128 * (e + 1)]), (p, e)
+
+
+@native
 @pytest.mark.parametrize("layout", ["tensor", "shard", "block"])
 def test_subnormal_and_small_weights_decode_exactly(layout):
     """Rows of subnormals only (e = 0: m 2^-9 for m = 1..7, zeros of both signs): a decode that got any of
