@@ -70,9 +70,9 @@ def check_expert_weights(layer: int, weights: Mapping[str, torch.Tensor], quanti
     fp8 = len(dtypes) == 2 and all(d in FP8_DTYPES for d in dtypes.values())
     odd = {} if fp8 else {n: str(d).replace("torch.", "") for n, d in dtypes.items() if d not in _CPU_KERNEL_DTYPES}
     side = sorted(n for n in weights if "scale" in n or "zero" in n)
-    readable = set(fp8_scale_names(weights).values()) | set(IGNORED_SIDE) if fp8 else set()
-    scales = [n for n in side if n not in readable]
-    missing = [m for m in ("w13", "w2") if fp8 and m not in fp8_scale_names(weights)]
+    found = fp8_scale_names(weights) if fp8 else {}
+    scales = [n for n in side if n not in {*found.values(), *(IGNORED_SIDE if fp8 else ())}]
+    missing = [m for m in ("w13", "w2") if fp8 and m not in found]
     if len(dtypes) < 2 or odd or scales or missing:
         what = ", ".join(filter(None, [f"quantization={quantization!r}" if quantization else "",
                                        f"expert weights {odd}" if odd else "", f"per-expert tensors {scales}" if scales else "",

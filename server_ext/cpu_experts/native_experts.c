@@ -8,12 +8,13 @@
  * AVX-512 weights are widened to fp32 in registers (a shift) and FMA'd; activations stay in L1
  * and every weight byte is read once per call whatever the token count.
  *
- * FP8 (e4m3fn) rows are dequantized in registers: each byte becomes an fp16 bit pattern with one
- * shift and one mask (the e4m3 exponent and mantissa land in fp16's low exponent bits and top
- * mantissa bits: the fp16 number is the e4m3 value times 2^-8, subnormals included, exactly),
- * vcvtph2ps widens it; the per-expert (per-tensor, per-shard or [bn, bk] block) scale times 2^8
- * multiplies each decoded chunk of a block (w * s: the fp32 product a dequantize-then-matmul
- * computes) or, with one block per row, the row's dot product once at the end. Activations stay bf16 (no activation quantization:
+ * FP8 (e4m3fn) rows are dequantized in registers, exactly. With one scale per row (per-tensor,
+ * per-shard) on a CPU with AVX512-BF16 and VBMI, two vpermi2b lookups turn 64 bytes into bf16 that
+ * meet the bf16 activations in vdpbf16ps, and the scale multiplies the row's dot product once.
+ * Otherwise each byte becomes an fp16 bit pattern with one shift and one mask (the e4m3 value times
+ * 2^-8, subnormals included), vcvtph2ps widens it, and the scale times 2^8 multiplies each decoded
+ * chunk of a [bn, bk] block (w * s: the fp32 product a dequantize-then-matmul computes) or the dot
+ * product at the end. Activations stay bf16 (no activation quantization:
  * the CPU's result is the unquantized-activation one). e4m3fn's NaN (0x7f / 0xff) reads as 480.
  *
  * Semantics follow vLLM's fused MoE on bf16: h = bf16(x W13^T) (fp32 accumulation),
@@ -192,20 +193,9 @@ static inline __m512 fp8x16(const uint8_t* p) {
   h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
   return _mm512_cvtph_ps(h);
 }
-#if USE_DPBF16
-/* 32 e4m3 bytes -> 32 bf16 of the same values (exact: every e4m3 number is a normal bf16): normals move
- * their exponent (+120) and mantissa into bf16's fields, the 7 subnormals come from a table, the sign
- * from bit 7. For vdpbf16ps against the bf16 activations (32 MACs an instruction). */
-static inline __m512i fp8x32_bf16(const uint8_t* p) {
-  const __m512i sub_table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                             0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
-  const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
-  __m512i mag = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(b, 4), _mm512_set1_epi16(0x7F0)), _mm512_set1_epi16(120 << 7));
-  mag = _mm512_mask_mov_epi16(mag, _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x78)), _mm512_permutexvar_epi16(b, sub_table));
-  return _mm512_or_si512(mag, _mm512_and_si512(_mm512_slli_epi16(b, 8), _mm512_set1_epi16((short)0x8000)));
-}
+#if USE_DPBF16 && defined(__AVX512VBMI__)
+#define FP8_BF16 1 /* one-block FP8 rows decode to bf16 and meet the activations in vdpbf16ps */
 #define FP8_ONE_BLOCK_DECODE_SCALE 1.0f /* bf16 values are the e4m3 values */
-#if defined(__AVX512VBMI__)
 /* The bf16 bits of each e4m3 magnitude (byte & 0x7f; 0x7f, NaN, as 480), low and high bytes: two
  * vpermi2b lookups decode 64 weights, the sign goes into the high byte. */
 static const uint8_t E4M3_BF16_LO[128] __attribute__((aligned(64))) = {
@@ -226,10 +216,7 @@ static const uint8_t E4M3_BF16_HI[128] __attribute__((aligned(64))) = {
     0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41, 0x41,
     0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42,
     0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43, 0x43};
-#define FP8_X64 1
-#ifndef FP8_PREFETCH
 #define FP8_PREFETCH 2048 /* bytes ahead in the row (the next rows' for w13): measured best of 256, 1024, 2048 on the 2-core box */
-#endif
 /* 64 e4m3 bytes -> 64 bf16 of the same values, as two vectors in the order vpunpck{l,h}bw leaves them:
  * *wa = bytes {0-7, 16-23, 32-39, 48-55}, *wb = {8-15, 24-31, 40-47, 56-63} (x64_pair matches x). */
 static inline void fp8x64_bf16(const uint8_t* p, __m512i* wa, __m512i* wb) {
@@ -248,8 +235,8 @@ static inline void x64_pair(const act_t* x, __m512i* xa, __m512i* xb) {
   *xa = _mm512_shuffle_i64x2(x0, x1, 0x88);
   *xb = _mm512_shuffle_i64x2(x0, x1, 0xDD);
 }
-#endif
 #else
+#define FP8_BF16 0 /* fp8x16 and fp32 FMAs */
 #define FP8_ONE_BLOCK_DECODE_SCALE 256.0f /* fp8x16's 2^-8 */
 #endif
 static inline __m512 act16(const act_t* x) { /* 16 activations as fp32 */
@@ -281,8 +268,7 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
     int k = k0;
 #if defined(__AVX512F__)
     if (one_block) {
-#if USE_DPBF16
-#ifdef FP8_X64
+#if FP8_BF16
       for (; k + 64 <= k1; k += 64) {
         __m512i xa[TB], xb[TB];
         for (int t = 0; t < NT; t++) x64_pair(X[t] + k, &xa[t], &xb[t]);
@@ -292,15 +278,6 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
           fp8x64_bf16(W[r] + k, &wa, &wb);
           for (int t = 0; t < NT; t++)
             acc[r][t] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)xa[t]), (__m512bh)wb, (__m512bh)xb[t]);
-        }
-      }
-#endif
-      for (; k + 32 <= k1; k += 32) {
-        __m512i xv[TB];
-        for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_si512((const void*)(X[t] + k));
-        for (int r = 0; r < RB; r++) {
-          const __m512i wv = fp8x32_bf16(W[r] + k);
-          for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv, (__m512bh)xv[t]);
         }
       }
 #else
