@@ -91,14 +91,14 @@ def _new_policy(name: str, slots: int, num_experts: int, static_set: np.ndarray,
     return makers[name]()
 
 
-SERVER_STEP_TOKENS, SERVER_STEP_PAIRS = 0, 256
+SERVER_STEP_TOKENS, SERVER_STEP_PAIRS = 32, 256
 """``cpu_path.DEFAULT_STEP_TOKENS`` / ``MAX_STEP_PAIRS``: the server's default largest step (tests hold them equal)."""
 
 
 def cpu_rule(clock: Clock, max_tokens: int = 8, top_k: int = 8) -> SplitRule:
     """The server's split rule with the clock's pipe rates (what ``serve --cpu-experts`` measures at start-up),
-    its step sizes as ``CpuPathSettings``' defaults (steps past ``max_tokens`` join only when the server is told to:
-    off by default)."""
+    its step sizes as ``CpuPathSettings``' defaults (steps past ``max_tokens`` up to ``SERVER_STEP_TOKENS`` join
+    under the pair budget)."""
     step = max(max_tokens, min(SERVER_STEP_TOKENS, SERVER_STEP_PAIRS // max(top_k, 1)))
     return SplitRule(clock.link_GBps, clock.cpu_GBps, clock.cpu_fixed_ms * 1e-3, clock.cpu_pair_ms * 1e-3, max_tokens, step,
                      max_tokens * top_k)

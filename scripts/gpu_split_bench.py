@@ -6,7 +6,8 @@ time (torch.profiler) and replay wall time, for launch shapes and post variants 
 seq read from host memory or kept on the device, with and without the system fence, and without a
 post -- at the 30B-A3B routing shape (E=128, top-8, H=2048), T = 1 and 8, and the budgeted steps
 past max_tokens (issue 26: T = 16 and 32, i.e. up to 256 pairs, a budget of 64 pairs), where the
-[pairs, pairs] tables are 16x larger and the launch's warps (``split_triton.BIG_STEP_WARPS``) matter. Optionally a variant
+[pairs, pairs] tables are 16x larger: the pair-space program beside the expert-space one (one sort over
+[E] keys, what steps past 64 pairs launch), each plain and with the cache's scores. Optionally a variant
 file of the kernel (``--baseline path.py``, e.g. the previous commit's) is timed beside it.
 
 Usage: python scripts/gpu_split_bench.py OUT.json [--baseline old_split_triton.py] [--team]
@@ -123,6 +124,16 @@ def main() -> int:
         variants["nopost_w2"] = launcher(split_triton, False, False, num_warps=2)
         variants["nopost_w4"] = launcher(split_triton, False, False, num_warps=4)
         variants["post_devseq_default_warps"] = launcher(split_triton, True, True)  # what the layer launches
+        # the two programs side by side (issue 26: past 64 pairs the expert-space sort replaced the [P, P] tables),
+        # plain and as the composed mode launches them (the cache's scores; a budgeted step orders by pairs first)
+        scratch = torch.zeros(split_triton.scratch_words(E), dtype=torch.int64, device=dev)
+        prio = torch.rand(E, generator=g).to(dev)
+        for space in (False, True):
+            tag = "expert_space" if space else "pair_space"
+            warps = 4 if space or t <= 8 else split_triton.BIG_STEP_WARPS
+            variants[f"{tag}_w{warps}"] = launcher(split_triton, True, True, num_warps=warps, expert_space=space, scratch=scratch)
+            variants[f"{tag}_prio_w{warps}"] = launcher(split_triton, True, True, num_warps=warps, expert_space=space, scratch=scratch,
+                                                        priority=prio, pairs_first=t > 8)
         if args.baseline and t <= 8:
             name = "reap_swap.server_ext.cpu_experts._split_baseline"  # its relative imports resolve as the real module's
             spec = importlib.util.spec_from_file_location(name, args.baseline)

@@ -26,6 +26,15 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
     w = torch.rand(t, k, dtype=torch.float32)
     real = (torch.arange(t) < valid).view(-1, 1)
     want = plan_split(ids, (phys >= host_offset) & real, e, expert_bytes, cost, priority=prio)  # padding rows are never missed
+    for space in (False, True):  # the pair-space program and the expert-space one (big steps' default) alike
+        _run_split(ids, phys, w, want, cost, expert_bytes, e, host_offset, valid, device_seq, prio, space)
+    return want
+
+
+def _run_split(ids: torch.Tensor, phys: torch.Tensor, w: torch.Tensor, want: SplitResult, cost: CostModel, expert_bytes: int, e: int,
+               host_offset: int, valid: int, device_seq: bool, prio: torch.Tensor | None, expert_space: bool) -> None:
+    t, k = ids.shape
+    real = (torch.arange(t) < valid).view(-1, 1)
     b = expert_bytes
     cost_t = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
                            cost.cpu_per_pair_s], dtype=torch.float64)
@@ -43,7 +52,8 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
         mailbox[0] = -7  # stale on purpose: the post must take the device's count
     post = Post(x, staged_x, mailbox, expected, 0xABC0 + t, posted if device_seq else None)
     split_and_stage(ids, phys, w, cost_t, torch.tensor([valid], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs, st_ids, st_mask,
-                    st_w, counters, post, priority=prio, pair_limit=cost.pair_limit(t, k), pairs_first=cost.budgeted(t))
+                    st_w, counters, post, priority=prio, pair_limit=cost.pair_limit(t, k), pairs_first=cost.budgeted(t),
+                    expert_space=expert_space)
     if int(want.n_cpu) > 0:  # posted: the job's address in the ring, then the next sequence number
         assert int(mailbox[0]) == seq0 + 1 and int(expected) == seq0 + 1 and torch.equal(staged_x, x)
         assert int(mailbox[16 + (seq0 + 1) % 64]) == 0xABC0 + t
@@ -58,7 +68,6 @@ def check(ids: torch.Tensor, resident: torch.Tensor, cost: CostModel, expert_byt
     expect = torch.tensor([int((want.cpu_experts | want.link_experts).sum()), int(want.n_cpu), int(missed.sum()), int(want.cpu_pairs.sum())]) + 5
     assert torch.equal(counters, expect), (counters, expect)
     assert int(want.cpu_pairs.sum()) <= cost.pair_limit(t, k)
-    return want
 
 
 def main() -> None:
@@ -123,9 +132,11 @@ def check_budgeted_steps(g: torch.Generator) -> tuple[int, int]:
             for budget in (1, k + 3, 8 * k, t * k):
                 ids = _skewed(g, t, k, e)
                 resident = torch.rand(e, generator=g) < 0.3
-                prio = None if mode == "plain" else torch.rand(e, generator=g) * 10
+                # scores of either sign (the expert-space program orders float bits), ties, and -0.0 beside 0.0
+                prio = None if mode == "plain" else torch.rand(e, generator=g) * 10 - 3
                 if mode == "tie":
                     prio = prio.floor()
+                    prio[(prio == 0) & (torch.arange(e) % 2 == 1)] = -0.0
                 cost = CostModel(link_GBps=float(torch.empty(1).uniform_(30, 60, generator=g)), cpu_GBps=float(torch.empty(1).uniform_(40, 200, generator=g)),
                                  cpu_fixed_s=25e-6, cpu_per_pair_s=float(torch.empty(1).uniform_(0, 1e-5, generator=g)),
                                  max_tokens=8, max_step_tokens=32, pair_budget=budget)
@@ -151,13 +162,15 @@ def check_ids_out_of_range() -> None:
     b = 1 << 20
     cost_t = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
                            cost.cpu_per_pair_s], dtype=torch.float64)
-    gpu_ids, cpu_pairs = torch.empty_like(phys), torch.zeros(2, 4, dtype=torch.bool)
-    counters = torch.zeros(4, dtype=torch.int64)
-    split_and_stage(ids, phys, w, cost_t, torch.tensor([2], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs,
-                    torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.uint8), torch.zeros(2, 4), counters)
-    assert torch.equal(cpu_pairs, want.cpu_pairs) and not cpu_pairs[~valid_id].any(), (cpu_pairs, want.cpu_pairs)
-    assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
-    assert counters.tolist() == [3, int(want.n_cpu), 8, int(want.cpu_pairs.sum())], counters
+    for space in (False, True):
+        gpu_ids, cpu_pairs = torch.empty_like(phys), torch.zeros(2, 4, dtype=torch.bool)
+        counters = torch.zeros(4, dtype=torch.int64)
+        split_and_stage(ids, phys, w, cost_t, torch.tensor([2], dtype=torch.int32), host_offset, 1, e, gpu_ids, cpu_pairs,
+                        torch.zeros(2, 4, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.uint8), torch.zeros(2, 4), counters,
+                        expert_space=space)
+        assert torch.equal(cpu_pairs, want.cpu_pairs) and not cpu_pairs[~valid_id].any(), (space, cpu_pairs, want.cpu_pairs)
+        assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
+        assert counters.tolist() == [3, int(want.n_cpu), 8, int(want.cpu_pairs.sum())], counters
 
 
 def _pair_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:

@@ -31,9 +31,11 @@ def test_settings_from_env() -> None:
     assert on.enabled and on.link_GBps == 48 and on.max_tokens == 4 and on.fixed_us == 10
     cost = on.cost(link_GBps=99, cpu_GBps=70, top_k=8)  # measured rates fill what the user left unset
     assert (cost.link_GBps, cost.cpu_GBps, cost.max_tokens) == (48, 70, 4) and cost.cpu_fixed_s == pytest.approx(1e-5)
-    # issue 26: steps past max_tokens join only when asked (the H200's split at 32 tokens cost more than it saves)
-    assert (cost.step_tokens, cost.pair_budget) == (4, 32) and on.table_pairs(8) == 32
-    assert [off.step_tokens(k) for k in (2, 8, 16, 64)] == [8, 8, 8, 8] and off.budget(8) == 64
+    # issue 26: steps past max_tokens up to 32 tokens (at most 256 pairs) join by default, under max_tokens x top-k pairs
+    assert (cost.step_tokens, cost.pair_budget) == (32, 32) and on.table_pairs(8) == 32
+    assert cost.budgeted(9) and not cost.budgeted(4)
+    assert [off.step_tokens(k) for k in (2, 8, 16, 64)] == [32, 32, 16, 8] and off.budget(8) == 64
+    assert cp.CpuPathSettings(max_step_tokens=8).step_tokens(8) == 8  # = max_tokens: no budgeted steps
     asked = cp.CpuPathSettings(max_step_tokens=32)
     assert (asked.step_tokens(8), asked.budget(8), asked.table_pairs(8)) == (32, 64, 64)
     big = cp.CpuPathSettings.from_env({cp.ENV_CPU_EXPERTS: "1", cp.ENV_MAX_STEP_TOKENS: "16", cp.ENV_PAIR_BUDGET: "100"})
@@ -78,8 +80,10 @@ def test_serve_flags_become_env(tiny_model_dir: Path, monkeypatch: pytest.Monkey
     for budget in ("200", "20"):  # budgeted steps off: a budget would do nothing
         with pytest.raises(ValueError, match=rf"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)={budget} applies only to "
                                              r"steps past REAP_CPU_EXPERTS_MAX_TOKENS=8 tokens, and none take part: set "
-                                             r"REAP_CPU_EXPERTS_MAX_STEP_TOKENS above 8"):
-            _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-pair-budget", budget)
+                                             r"--cpu-experts-max-step-tokens \(REAP_CPU_EXPERTS_MAX_STEP_TOKENS\) above 8"):
+            _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "8", "--cpu-experts-pair-budget", budget)
+    with pytest.raises(ValueError, match=r"=200 exceeds the 128 .* \(REAP_CPU_EXPERTS_MAX_STEP_TOKENS=32 x top-4\)"):  # the default step
+        _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-pair-budget", "200")
     with pytest.raises(ValueError, match=r"--cpu-experts-pair-budget \(REAP_CPU_EXPERTS_PAIR_BUDGET\)=200 exceeds the 128"):
         _env(tiny_model_dir, "--cpu-experts", "--cpu-experts-max-step-tokens", "32", "--cpu-experts-pair-budget", "200")
     with pytest.raises(ValueError, match="need --cpu-experts"):

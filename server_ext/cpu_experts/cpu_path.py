@@ -48,10 +48,12 @@ ENV_MAX_STEP_TOKENS = "REAP_CPU_EXPERTS_MAX_STEP_TOKENS"
 ENV_PAIR_BUDGET = "REAP_CPU_EXPERTS_PAIR_BUDGET"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
-# Off by default: no step past max_tokens joins unless asked (serve --cpu-experts-max-step-tokens 32). On the H200
-# (2026-12-03, scripts/gpu_cpu_path_check.py) the budgeted split at 32 tokens took 237 us per layer step (5.7 ms over
-# 24 layers), more than the link time it can save; it stays opt-in until the split is fast and measured end to end.
-DEFAULT_STEP_TOKENS = 0
+# Steps of 9-32 tokens (batched decode) join under the pair budget by default: at batch 32 many missed experts
+# get one or two tokens, and the CPU's cost of such an expert is its bytes, like the link's. The split of such a
+# step runs in expert space (split_triton: one sort over [E] keys), not in [pairs, pairs] tables, which took 237 us
+# per layer step at 32 tokens on the H200 (2026-12-03, scripts/gpu_cpu_path_check.py).
+# --cpu-experts-max-step-tokens 8 (= max_tokens): only steps up to max_tokens join.
+DEFAULT_STEP_TOKENS = 32
 
 
 CpuPathConfigError = ResidencyConfigError  # the settings' errors are residency settings' errors
@@ -97,7 +99,7 @@ class CpuPathSettings:
     max_tokens: int = 8
     """Steps up to this many tokens: the CPU may take any of their misses."""
     max_step_tokens: int | None = None
-    """Larger steps up to this many tokens join under the pair budget (None: ``DEFAULT_STEP_TOKENS``, off;
+    """Larger steps up to this many tokens join under the pair budget (None: ``DEFAULT_STEP_TOKENS``;
     at most ``MAX_STEP_PAIRS`` / top-k, never below ``max_tokens``; equal to ``max_tokens``: none join)."""
     pair_budget: int | None = None
     """Most missed pairs the CPU takes in a step past ``max_tokens`` (None: ``max_tokens`` x top-k,
@@ -196,6 +198,9 @@ class LayerCpuPath:
         self.cpu_pairs = torch.zeros(self.rows, top_k, dtype=torch.bool, device=device)
         self.all_rows = torch.full((1,), self.rows, dtype=torch.int32, device=device)
         self.cost = cost
+        self._split_scratch: torch.Tensor | None = None  # the expert-space split's (big steps; CUDA), 2 KB at E = 128
+        if self.fused:
+            self.split_scratch()  # made here, not during a graph capture
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
         self._recompute: Any = None  # split_triton.Recompute, built on the first fused merge
@@ -246,7 +251,8 @@ class LayerCpuPath:
             cpu_pairs = self.cpu_pairs[:t]
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
                             self.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
-                            post, priority=priority, pair_limit=self.cost.pair_limit(t, self.top_k), pairs_first=self.cost.budgeted(t))
+                            post, priority=priority, pair_limit=self.cost.pair_limit(t, self.top_k), pairs_first=self.cost.budgeted(t),
+                            scratch=self.split_scratch())
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
@@ -260,6 +266,13 @@ class LayerCpuPath:
             job.run(t)
         self._pending = cpu_pairs
         return gpu_ids
+
+    def split_scratch(self) -> torch.Tensor:
+        if self._split_scratch is None:
+            from .split_triton import scratch_words
+
+            self._split_scratch = torch.zeros(scratch_words(self.num_experts), dtype=torch.int64, device=self.device)
+        return self._split_scratch
 
     @property
     def pending_pairs(self) -> torch.Tensor | None:

@@ -42,7 +42,7 @@ from .quant import ExpertQuant
 
 from .team import MAILBOX_WORDS, WAIT_POLLS
 
-__all__ = ["MAILBOX_WORDS", "Post", "Recompute", "split_and_stage", "wait_and_merge"]
+__all__ = ["MAILBOX_WORDS", "Post", "Recompute", "scratch_words", "split_and_stage", "wait_and_merge"]
 
 
 # int64 words of native_experts.c's reap_mailbox: seq, done, ring[RING]
@@ -60,9 +60,9 @@ WAIT_LIMIT = WAIT_POLLS  # past it a step counts as timed out (one constant with
 def _split_kernel(  # type: ignore[no-untyped-def]
     ids_ptr, phys_ptr, w_ptr, cost_ptr, valid_ptr, gpu_ids_ptr, cpu_pairs_ptr, st_ids_ptr, st_mask_ptr, st_w_ptr, counters_ptr,
     x_ptr, st_x_ptr, mailbox_ptr, expected_ptr, posted_ptr, job_address, prio_ptr,
-    n_pairs, top_k, host_offset, filler, E, n_x, pair_limit, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    scratch_ptr, n_pairs, top_k, host_offset, filler, E, n_x, pair_limit, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_X: tl.constexpr, POST: tl.constexpr, FENCE: tl.constexpr, SEQ_ON_DEVICE: tl.constexpr, HAS_PRIO: tl.constexpr,
-    PAIRS_FIRST: tl.constexpr,
+    PAIRS_FIRST: tl.constexpr, EXPERT_SPACE: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     # Pair space: a step routes to at most n_pairs distinct experts, so every table is [P, P] or
     # [N, P] (N <= P + 1), not [E, E] -- at E = 128, batch 1 that is 64 compares instead of 16K.
@@ -74,32 +74,75 @@ def _split_kernel(  # type: ignore[no-untyped-def]
     real = (p // top_k) < tl.load(valid_ptr)  # rows past the step's real count are graph padding
     missed = (phys >= host_offset) & pm & real
     elig = missed & (ids >= 0) & (ids < E)
-    same = (ids[:, None] == ids[None, :]) & elig[:, None] & elig[None, :]  # [P, P]: pairs of one missed expert
-    pairs = tl.sum(same.to(tl.int32), axis=1)  # missed pairs of pair p's expert
-    first = elig & (tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1) == 0)  # one pair stands for its expert
-    m = tl.sum(first.to(tl.int32), axis=0)
-    key = pairs * E + ids  # CPU candidates by (missed pairs, id): unique per expert
-    before = key[None, :] < key[:, None]
-    if HAS_PRIO:  # the composed mode: lowest cache score first, then (missed pairs, id)
-        pr = tl.load(prio_ptr + ids, mask=elig, other=0.0).to(tl.float32)
-        if PAIRS_FIRST:  # a budgeted step: (missed pairs, score, id)
-            by_prio = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & (ids[None, :] < ids[:, None]))
-            before = (pairs[None, :] < pairs[:, None]) | ((pairs[None, :] == pairs[:, None]) & by_prio)
-        else:
-            before = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & before)
-    rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
-    n = tl.arange(0, BLOCK_N)
-    prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & first[None, :], pairs[None, :], 0), axis=1)
     link_per = tl.load(cost_ptr + 0)
     fixed = tl.load(cost_ptr + 1)
     per_expert = tl.load(cost_ptr + 2)
     per_pair = tl.load(cost_ptr + 3)
-    nf = n.to(tl.float64)
-    cpu = tl.where(n > 0, fixed, 0.0) + nf * per_expert + prefix.to(tl.float64) * per_pair
-    link = tl.maximum(m.to(tl.float64) - nf, 0.0) * link_per
-    step = tl.where((n <= m) & (prefix <= pair_limit), tl.maximum(cpu, link), float("inf"))  # the pair budget
-    best = tl.min(tl.where(step == tl.min(step, axis=0), n, BLOCK_N), axis=0)  # first minimum
-    cpu_pair = elig & (rank < best)
+    if EXPERT_SPACE:
+        # A big step (past BIG_STEP_PAIRS): [E] tables instead of [P, P]. Each candidate expert gets one
+        # int64 key that sorts in the candidates' order -- (missed pairs, id), (score, missed pairs, id) or,
+        # PAIRS_FIRST, (missed pairs, score, id) -- so the order is one sort and the pairs' prefix one scan.
+        # The scratch's first BLOCK_E words count missed pairs per expert, the next BLOCK_E hold the keys,
+        # which the pairs gather back by id (one program: a barrier orders the stores before the loads).
+        e = tl.arange(0, BLOCK_E)
+        tl.store(scratch_ptr + e, tl.zeros([BLOCK_E], dtype=tl.int64))
+        tl.debug_barrier()
+        tl.atomic_add(scratch_ptr + ids, tl.full([BLOCK_P], 1, tl.int64), mask=elig)
+        tl.debug_barrier()
+        pairs_e = tl.load(scratch_ptr + e, volatile=True)
+        cand = pairs_e > 0
+        m = tl.sum(cand.to(tl.int32), axis=0)
+        key_e = (pairs_e << 20) | e.to(tl.int64)  # pairs < 2^10, ids < 2^20 (split_and_stage checks)
+        if HAS_PRIO:
+            pr_e = tl.load(prio_ptr + e, mask=e < E, other=0.0).to(tl.float32)
+            bits = tl.where(pr_e == 0.0, 0.0, pr_e).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF  # -0.0 as 0.0
+            ordered = tl.where(bits >= 0x80000000, 0xFFFFFFFF - bits, bits + 0x80000000)  # float order as unsigned order
+            if PAIRS_FIRST:
+                key_e = (pairs_e << 52) | (ordered << 20) | e.to(tl.int64)
+            else:
+                key_e = (ordered << 30) | key_e
+        key_e = tl.where(cand, key_e, 0x7FFFFFFFFFFFFFFF)  # non-candidates sort last
+        srt = tl.sort(key_e)
+        if HAS_PRIO and PAIRS_FIRST:
+            s_pairs = srt >> 52
+        else:
+            s_pairs = (srt >> 20) & 1023
+        j = e + 1  # the curve's n = j: the first j candidates go to the CPU
+        prefix = tl.cumsum(tl.where(j <= m, s_pairs, 0), axis=0)
+        nf = j.to(tl.float64)
+        cpu = fixed + nf * per_expert + prefix.to(tl.float64) * per_pair
+        link = tl.maximum(m.to(tl.float64) - nf, 0.0) * link_per
+        step = tl.where((j <= m) & (prefix <= pair_limit), tl.maximum(cpu, link), float("inf"))
+        low = tl.min(step, axis=0)
+        best = tl.where(m.to(tl.float64) * link_per <= low, 0, tl.min(tl.where(step == low, j, BLOCK_E + 1), axis=0))  # first minimum
+        kth = tl.sum(tl.where(j == best, srt, 0), axis=0)  # the last CPU candidate's key (0 when best == 0)
+        tl.store(scratch_ptr + BLOCK_E + e, key_e)
+        tl.debug_barrier()
+        key_p = tl.load(scratch_ptr + BLOCK_E + ids, mask=elig, other=0x7FFFFFFFFFFFFFFF, volatile=True)
+        cpu_pair = elig & (best > 0) & (key_p <= kth)
+    else:
+        same = (ids[:, None] == ids[None, :]) & elig[:, None] & elig[None, :]  # [P, P]: pairs of one missed expert
+        pairs = tl.sum(same.to(tl.int32), axis=1)  # missed pairs of pair p's expert
+        first = elig & (tl.sum((same & (p[None, :] < p[:, None])).to(tl.int32), axis=1) == 0)  # one pair stands for its expert
+        m = tl.sum(first.to(tl.int32), axis=0)
+        key = pairs * E + ids  # CPU candidates by (missed pairs, id): unique per expert
+        before = key[None, :] < key[:, None]
+        if HAS_PRIO:  # the composed mode: lowest cache score first, then (missed pairs, id)
+            pr = tl.load(prio_ptr + ids, mask=elig, other=0.0).to(tl.float32)
+            if PAIRS_FIRST:  # a budgeted step: (missed pairs, score, id)
+                by_prio = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & (ids[None, :] < ids[:, None]))
+                before = (pairs[None, :] < pairs[:, None]) | ((pairs[None, :] == pairs[:, None]) & by_prio)
+            else:
+                before = (pr[None, :] < pr[:, None]) | ((pr[None, :] == pr[:, None]) & before)
+        rank = tl.sum((first[None, :] & before).to(tl.int32), axis=1)
+        n = tl.arange(0, BLOCK_N)
+        prefix = tl.sum(tl.where((rank[None, :] < n[:, None]) & first[None, :], pairs[None, :], 0), axis=1)
+        nf = n.to(tl.float64)
+        cpu = tl.where(n > 0, fixed, 0.0) + nf * per_expert + prefix.to(tl.float64) * per_pair
+        link = tl.maximum(m.to(tl.float64) - nf, 0.0) * link_per
+        step = tl.where((n <= m) & (prefix <= pair_limit), tl.maximum(cpu, link), float("inf"))  # the pair budget
+        best = tl.min(tl.where(step == tl.min(step, axis=0), n, BLOCK_N), axis=0)  # first minimum
+        cpu_pair = elig & (rank < best)
     # the host's inputs first, then the post (the team starts on it), then what only the device reads
     tl.store(st_ids_ptr + p, tl.where(cpu_pair, phys - host_offset, ids).to(tl.int32), mask=pm)  # a CPU pair: its host row
     tl.store(st_mask_ptr + p, cpu_pair.to(tl.uint8), mask=pm)
@@ -235,6 +278,7 @@ def split_and_stage(
     st_mask: torch.Tensor, st_weights: torch.Tensor, counters: torch.Tensor,
     post: "Post | None" = None, *, priority: torch.Tensor | None = None, pair_limit: int | None = None,
     pairs_first: bool = False, num_warps: int | None = None, block_x: int = SPLIT_BLOCK_X,
+    scratch: torch.Tensor | None = None, expert_space: bool | None = None,
 ) -> None:
     """One launch: ``gpu_ids`` [T, K], ``cpu_pairs`` [T, K] bool, the host's staged ids / mask / weights, counters += step's.
 
@@ -244,11 +288,25 @@ def split_and_stage(
     ``priority`` [E] float32 (the online cache's scores): the CPU takes the lowest first (``plan_split``'s rule).
     ``pair_limit`` (``CostModel.pair_limit``; None: every pair) bounds the CPU's missed pairs; ``pairs_first``
     (``CostModel.budgeted``) orders prioritised candidates by missed pairs first.
+    Steps of more than ``BIG_STEP_PAIRS`` pairs (or ``expert_space=True``) take the expert-space program:
+    it needs ``scratch``, int64 on the device with ``scratch_words(num_experts)`` words (``None``: allocated
+    here, which a captured graph should not do on every launch).
     """
     n_pairs = topk_ids.numel()
     limit = n_pairs if pair_limit is None else max(0, min(int(pair_limit), n_pairs))
+    if expert_space is None:
+        expert_space = n_pairs > BIG_STEP_PAIRS
+    block_e = triton.next_power_of_2(max(num_experts, 2))
+    if expert_space:
+        if n_pairs >= 1 << 10 or num_experts >= 1 << 20:
+            raise ValueError(f"the expert-space split keys hold < 1024 pairs and < 2^20 experts, got {n_pairs} and {num_experts}")
+        if scratch is None:
+            scratch = torch.empty(scratch_words(num_experts), dtype=torch.int64, device=topk_ids.device)
+        if scratch.dtype != torch.int64 or scratch.numel() < 2 * block_e or scratch.device != topk_ids.device:
+            raise ValueError(f"the split's scratch must be int64 on {topk_ids.device} with {2 * block_e} words, "
+                             f"got {scratch.dtype} {scratch.numel()} on {scratch.device}")
     if num_warps is None:
-        num_warps = SPLIT_WARPS if n_pairs <= BIG_STEP_PAIRS else BIG_STEP_WARPS
+        num_warps = SPLIT_WARPS if n_pairs <= BIG_STEP_PAIRS or expert_space else BIG_STEP_WARPS
     if block_x < 16 or block_x & (block_x - 1):
         raise ValueError(f"block_x={block_x} must be a power of two >= 16")
     interpret = _interpreted()
@@ -258,12 +316,18 @@ def split_and_stage(
     kernel[(1,)](
         topk_ids, phys, topk_weights, cost, valid_rows, gpu_ids, cpu_pairs, st_ids, st_mask, st_weights, counters,
         p.x, p.staged_x, p.mailbox, p.expected, posted, p.job_address, priority if priority is not None else cost,
-        n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(), limit,
+        scratch if expert_space else counters, n_pairs, topk_ids.shape[1], host_offset, filler, num_experts, p.x.numel(), limit,
         # n = 0..min(pairs, E, limit): every CPU expert holds at least one of the limit's pairs
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(max(min(n_pairs, num_experts, limit) + 1, 2)),
         BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None,
-        HAS_PRIO=priority is not None, PAIRS_FIRST=bool(pairs_first) and priority is not None, num_warps=num_warps,
+        HAS_PRIO=priority is not None, PAIRS_FIRST=bool(pairs_first) and priority is not None,
+        EXPERT_SPACE=bool(expert_space), BLOCK_E=block_e, num_warps=num_warps,
     )
+
+
+def scratch_words(num_experts: int) -> int:
+    """int64 words of the expert-space split's scratch: per expert, its missed pairs and its key."""
+    return 2 * triton.next_power_of_2(max(num_experts, 2))
 
 
 class Post:
