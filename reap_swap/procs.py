@@ -191,7 +191,12 @@ def stock_vllm_argv(model: str | Path, *args: str) -> list[str]:
     code = (
         "import importlib.util, runpy, sys\n"
         "mods = ('vllm.entrypoints.launchers.api_server.entry', 'vllm.entrypoints.openai.api_server')\n"
-        "mod = next(m for m in mods if importlib.util.find_spec(m))\n"
+        "def found(m):\n"
+        "    try:\n"
+        "        return importlib.util.find_spec(m) is not None\n"
+        "    except ModuleNotFoundError:  # a parent package this vLLM lacks (0.26 has no launchers)\n"
+        "        return False\n"
+        "mod = next(m for m in mods if found(m))\n"
         "sys.argv = [mod, *sys.argv[1:]]\n"
         "if __name__ == '__main__':\n"
         "    runpy.run_module(mod, run_name='__main__', alter_sys=True)\n"

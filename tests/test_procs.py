@@ -106,3 +106,18 @@ def test_reserved_port_is_given_to_nobody_else_and_a_stranger_is_not_our_server(
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_older_vllm_without_launchers_gets_the_openai_server(tmp_path: Path) -> None:
+    from reap_swap.procs import stock_vllm_argv
+
+    # a vLLM like 0.26: no vllm.entrypoints.launchers package, only vllm.entrypoints.openai.api_server
+    pkg = tmp_path / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "vllm", tmp_path / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text("import sys\nif __name__ == '__main__':\n    print('openai api_server', sys.argv[1:])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(stock_vllm_argv("m", "--port", "0"), env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "openai api_server ['--model', 'm', '--port', '0']" in out.stdout
