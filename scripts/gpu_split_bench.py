@@ -105,18 +105,21 @@ def main() -> int:
             for _ in range(LAYERS)
         ]
         posted = torch.full((1,), int(mailbox_host[0]), dtype=torch.int64, device=dev)
+        scratch = torch.zeros(split_triton.scratch_words(E), dtype=torch.int64, device=dev)  # the layer's, made once
 
         def launcher(module: Any, post: bool, seq_on_device: bool, **kw: Any) -> Callable[[int], None]:
             def launch(i: int) -> None:
                 b = bufs[i]
                 p = module.Post(x, b["st_x"], mailbox, b["expected"], 0, posted if seq_on_device else None) if post else None
                 extra = {"pair_limit": limit} if limit is not None else {}
+                if module is split_triton and "scratch" not in kw:  # past 64 pairs the default program is expert space
+                    extra["scratch"] = scratch
                 module.split_and_stage(ids, phys, w, cost, valid, host_offset, 0, E, b["gpu_ids"], b["cpu_pairs"], b["st_ids"], b["st_mask"],
                                        b["st_w"], b["counters"], p, **extra, **kw)
             return launch
 
         variants: dict[str, Callable[[int], None]] = {}
-        for warps in (1, 2, 4, 8) + ((16,) if t > 8 else ()):
+        for warps in (1, 2, 4, 8) + ((16,) if t > 8 else ()):  # past 64 pairs (t > 8) these run the expert-space program
             variants[f"post_hostseq_w{warps}"] = launcher(split_triton, True, False, num_warps=warps)
             variants[f"post_devseq_w{warps}"] = launcher(split_triton, True, True, num_warps=warps)
         variants["post_devseq_w2_bx4096"] = launcher(split_triton, True, True, num_warps=2, block_x=4096)
@@ -126,7 +129,6 @@ def main() -> int:
         variants["post_devseq_default_warps"] = launcher(split_triton, True, True)  # what the layer launches
         # the two programs side by side (issue 26: past 64 pairs the expert-space sort replaced the [P, P] tables),
         # plain and as the composed mode launches them (the cache's scores; a budgeted step orders by pairs first)
-        scratch = torch.zeros(split_triton.scratch_words(E), dtype=torch.int64, device=dev)
         prio = torch.rand(E, generator=g).to(dev)
         for space in (False, True):
             tag = "expert_space" if space else "pair_space"

@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     cpu.add_argument("--cpu-experts-max-tokens", type=int, help="steps up to this many tokens may give the CPU any of their misses (default 8)")
     cpu.add_argument("--cpu-experts-max-step-tokens", type=int,
                      help="larger steps up to this many tokens give the CPU at most --cpu-experts-pair-budget missed (token, expert) pairs, "
-                          "the experts with the fewest tokens first (default 32, at most 256 / top-k; --cpu-experts-max-tokens turns it off; "
-                          "prefill keeps the link path)")
+                          "the experts with the fewest tokens first (default min(32, 256 / top-k), never below --cpu-experts-max-tokens; "
+                          "equal to --cpu-experts-max-tokens: none; prefill keeps the link path)")
     cpu.add_argument("--cpu-experts-pair-budget", type=int,
                      help="most missed pairs the CPU takes in a step past --cpu-experts-max-tokens (default max-tokens x top-k)")
     return p

@@ -112,9 +112,10 @@ def main() -> None:
     for cpu_gbps in (50, 25, 100):
         check(ids, torch.zeros(16, dtype=torch.bool), CostModel(link_GBps=50, cpu_GBps=cpu_gbps), 1 << 20, 16, 64)
     check_ids_out_of_range()
+    check_program_choice(g)
     merges = check_wait_and_merge(g) + check_fp8_recompute(g)
     print(f"split_triton == plan_split on {cases} random steps ({nonzero} with CPU experts; {big} budgeted, {bound} held by "
-          f"their budget) and 21 tie / edge cases; {merges} merges")
+          f"their budget) and 21 tie / edge cases, the program choice and its refusals; {merges} merges")
 
 
 def _skewed(g: torch.Generator, t: int, k: int, e: int) -> torch.Tensor:
@@ -127,7 +128,7 @@ def check_budgeted_steps(g: torch.Generator) -> tuple[int, int]:
     """Steps past max_tokens up to 256 pairs (32 tokens x top-8): the pair budget and, with scores, fewest
     missed pairs first; padded graphs and the budget's extremes. Returns (cases, cases the budget held back)."""
     cases = bound = 0
-    for e, k, t in ((128, 8, 32), (128, 8, 16), (128, 8, 9), (64, 4, 24), (16, 2, 12)):
+    for e, k, t in ((128, 8, 32), (128, 8, 16), (128, 8, 9), (64, 4, 24), (16, 2, 12), (40, 6, 16), (100, 8, 12)):
         for mode in ("plain", "prio", "tie"):
             for budget in (1, k + 3, 8 * k, t * k):
                 ids = _skewed(g, t, k, e)
@@ -171,6 +172,31 @@ def check_ids_out_of_range() -> None:
         assert torch.equal(cpu_pairs, want.cpu_pairs) and not cpu_pairs[~valid_id].any(), (space, cpu_pairs, want.cpu_pairs)
         assert torch.equal(gpu_ids, torch.where(want.cpu_pairs, torch.ones_like(phys), phys))
         assert counters.tolist() == [3, int(want.n_cpu), 8, int(want.cpu_pairs.sum())], counters
+
+
+def check_program_choice(g: torch.Generator) -> None:
+    """Steps past 64 pairs take the expert-space program (it writes its scratch), smaller ones the pair-space
+    one (the scratch untouched); keys hold < 1024 pairs and < 2^20 experts, refused before any launch."""
+    import pytest
+
+    from reap_swap.server_ext.cpu_experts.split_triton import scratch_words
+
+    e, k, host_offset = 128, 8, 256
+    cost_t = torch.tensor([1e-3, 1e-6, 1e-6, 0.0], dtype=torch.float64)  # a cheap CPU: every step has CPU pairs
+    for t, expert_space in ((8, False), (9, True)):
+        ids = _skewed(g, t, k, e)
+        phys = ids + host_offset  # every pair missed
+        scratch = torch.full((scratch_words(e),), -3, dtype=torch.int64)
+        split_and_stage(ids, phys, torch.rand(t, k), cost_t, torch.tensor([t], dtype=torch.int32), host_offset, 1, e,
+                        torch.empty_like(phys), torch.zeros(t, k, dtype=torch.bool), torch.zeros(t, k, dtype=torch.int32),
+                        torch.zeros(t, k, dtype=torch.uint8), torch.zeros(t, k), torch.zeros(4, dtype=torch.int64), scratch=scratch)
+        assert bool((scratch != -3).any()) == expert_space, (t, scratch[:8])
+    for t, k, e in ((128, 8, 128), (2, 8, 1 << 20)):  # 1024 pairs; 2^20 experts
+        ids = torch.zeros(t, k, dtype=torch.int64)
+        with pytest.raises(ValueError, match="expert-space split keys"):
+            split_and_stage(ids, ids, torch.rand(t, k), cost_t, torch.tensor([t], dtype=torch.int32), 1, 0, e, torch.empty_like(ids),
+                            torch.zeros(t, k, dtype=torch.bool), torch.zeros(t, k, dtype=torch.int32), torch.zeros(t, k, dtype=torch.uint8),
+                            torch.zeros(t, k), torch.zeros(4, dtype=torch.int64), expert_space=True)
 
 
 def _pair_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:

@@ -138,7 +138,7 @@ def test_layer_step_on_the_cpu_device_splits_stages_computes_and_merges() -> Non
 
 @needs_native
 def test_steps_larger_than_the_split_takes_are_refused_plainly() -> None:
-    """The split's tables are [pairs, pairs]: 33 tokens x top-8 (264 pairs) is past its bound, 32 is not."""
+    """The split takes at most 256 pairs: 33 tokens x top-8 (264 pairs) is past its bound, 32 is not."""
     bank, _ = _layer()
     ok = cp.LayerCpuPath(bank, 8, 0, cp.CpuPathSettings(enabled=True, max_tokens=32), CostModel(link_GBps=40, cpu_GBps=40, max_tokens=32),
                          K.CpuThreads(1), torch.device("cpu"))

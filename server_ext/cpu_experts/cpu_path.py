@@ -47,7 +47,7 @@ ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 ENV_MAX_STEP_TOKENS = "REAP_CPU_EXPERTS_MAX_STEP_TOKENS"
 ENV_PAIR_BUDGET = "REAP_CPU_EXPERTS_PAIR_BUDGET"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
-MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: the split's tables are [pairs, pairs]
+MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: its tables and the split's keys are sized for it
 # Steps of 9-32 tokens (batched decode) join under the pair budget by default: at batch 32 many missed experts
 # get one or two tokens, and the CPU's cost of such an expert is its bytes, like the link's. The split of such a
 # step runs in expert space (split_triton: one sort over [E] keys), not in [pairs, pairs] tables, which took 237 us
@@ -161,7 +161,7 @@ def check_step_pairs(settings: CpuPathSettings, top_k: int) -> None:
     if step * top_k > MAX_STEP_PAIRS:
         raise CpuPathConfigError(
             f"{ENV_MAX_STEP_TOKENS}={step} with top-{top_k} routing gives {step * top_k} (token, expert) pairs per step; "
-            f"the CPU path's split takes at most {MAX_STEP_PAIRS} (its tables are [pairs, pairs]): use at most "
+            f"the CPU path's split takes at most {MAX_STEP_PAIRS}: use at most "
             f"{MAX_STEP_PAIRS // top_k} tokens")
     if settings.pair_budget is not None and step == max_tokens:
         raise CpuPathConfigError(
@@ -203,11 +203,13 @@ class LayerCpuPath:
             self.split_scratch()  # made here, not during a graph capture
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
-        self._recompute: Any = None  # split_triton.Recompute, built on the first fused merge
+        self._recompute: Any = None  # split_triton.Recompute (CUDA: built at the end of __init__)
         self.wait_limit = WAIT_POLLS
         # set by the merge kernel when it gave up waiting for the team (mapped: read without a sync)
         self._timeout_flag_host, self._timeout_flag = self.step_job.staging.alloc((1,), torch.int32)
         self._timeout_flag_view = self._timeout_flag_host.numpy()  # read after every step: numpy's index is ~20x torch's
+        if self.fused:
+            self.recompute()  # its device scratch ([rows x top-k, I] fp32) is made at load, before vLLM measures free memory
 
     @property
     def cost(self) -> CostModel:
