@@ -30,8 +30,7 @@ def main() -> None:
     bank = BankRows(w13, w2, off, e)
     settings = cp.CpuPathSettings(enabled=True, max_tokens=t)
     path = cp.LayerCpuPath(bank, k, 0, settings, CostModel(link_GBps=1e-3, cpu_GBps=1e3, max_tokens=t), K.CpuThreads(1),
-                           torch.device("cpu"))
-    path.fused = True  # the CUDA path's two programs, interpreted
+                           torch.device("cpu"), fused=True)  # the CUDA path's two programs, interpreted
     path.wait_limit = 2000
     x = torch.randn(t, h, generator=g).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])

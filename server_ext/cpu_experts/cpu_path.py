@@ -177,9 +177,11 @@ class LayerCpuPath:
     """One layer's CPU expert path: the split on the device, the CPU step, the merge."""
 
     def __init__(self, bank: BankRows, top_k: int, filler_row: int, settings: CpuPathSettings, cost: CostModel,
-                 threads: CpuThreads, device: torch.device, staging: Staging | None = None, num_experts: int | None = None):
+                 threads: CpuThreads, device: torch.device, staging: Staging | None = None, num_experts: int | None = None,
+                 fused: bool | None = None):
         """``num_experts``: the layer's logical experts when the bank has fewer host rows (RAM complement:
-        a missed expert's host row is where the routing table points, not ``row_offset + e``)."""
+        a missed expert's host row is where the routing table points, not ``row_offset + e``). ``fused``
+        (None: on CUDA): the two Triton programs, not ``plan_split``'s torch ops (True on CPU: interpreted)."""
         check_step_pairs(settings, top_k)
         self.bank = bank
         self.num_experts = bank.num_experts if num_experts is None else num_experts
@@ -193,23 +195,31 @@ class LayerCpuPath:
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=device)
         # CUDA: split + stage + post as one Triton program, wait + merge as another (split_triton);
         # elsewhere plan_split's torch ops and a post-and-wait from the host.
-        self.fused = device.type == "cuda"
+        self.fused = device.type == "cuda" if fused is None else fused
         self.expected = torch.zeros(1, dtype=torch.int64, device=device)  # the seq this layer's last step was posted as
         self.cpu_pairs = torch.zeros(self.rows, top_k, dtype=torch.bool, device=device)
         self.all_rows = torch.full((1,), self.rows, dtype=torch.int32, device=device)
         self.cost = cost
-        self._split_scratch: torch.Tensor | None = None  # the expert-space split's (big steps; CUDA), 2 KB at E = 128
-        if self.fused:
-            self.split_scratch()  # made here, not during a graph capture
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
-        self._recompute: Any = None  # split_triton.Recompute (CUDA: built at the end of __init__)
         self.wait_limit = WAIT_POLLS
         # set by the merge kernel when it gave up waiting for the team (mapped: read without a sync)
         self._timeout_flag_host, self._timeout_flag = self.step_job.staging.alloc((1,), torch.int32)
         self._timeout_flag_view = self._timeout_flag_host.numpy()  # read after every step: numpy's index is ~20x torch's
+        # Fused: the expert-space split's scratch (2 KB at E = 128) and where the merge recomputes a pair the team
+        # did not finish in time (split_triton.Recompute), made at load: not in a graph capture, and before vLLM
+        # measures free memory (the recompute scratch is [rows x top-k, I] fp32)
+        self.split_scratch: torch.Tensor | None = None
+        self.recompute: Any = None
         if self.fused:
-            self.recompute()  # its device scratch ([rows x top-k, I] fp32) is made at load, before vLLM measures free memory
+            from .split_triton import Recompute, scratch_words
+
+            job, b = self.step_job, self.bank
+            self.split_scratch = torch.zeros(scratch_words(self.num_experts), dtype=torch.int64, device=device)
+            quant = b.quant.to(device) if b.quant is not None else None  # FP8: the scales where the kernel reads them
+            self.recompute = Recompute(job.x, job.ids.view(-1), job.weights.view(-1), b.w13, b.w2, b.row_offset, top_k,
+                                       torch.zeros(self.rows * top_k, b.inter, dtype=torch.float32, device=device),
+                                       self._timeout_flag, job.team.stalled_on_device, quant)
 
     @property
     def cost(self) -> CostModel:
@@ -254,7 +264,7 @@ class LayerCpuPath:
             split_and_stage(topk_ids, phys, topk_weights, self.cost_tensor, valid_rows, host_offset, self.filler_row,
                             self.num_experts, gpu_ids, cpu_pairs, job.ids[:t], job.mask[:t], job.weights[:t], self.counters,
                             post, priority=priority, pair_limit=self.cost.pair_limit(t, self.top_k), pairs_first=self.cost.budgeted(t),
-                            scratch=self.split_scratch())
+                            scratch=self.split_scratch)
         else:
             rows = torch.arange(topk_ids.shape[0], device=phys.device).view(-1, 1)
             missed = (phys >= host_offset) & (rows < valid_rows.to(phys.device))
@@ -268,13 +278,6 @@ class LayerCpuPath:
             job.run(t)
         self._pending = cpu_pairs
         return gpu_ids
-
-    def split_scratch(self) -> torch.Tensor:
-        if self._split_scratch is None:
-            from .split_triton import scratch_words
-
-            self._split_scratch = torch.zeros(scratch_words(self.num_experts), dtype=torch.int64, device=self.device)
-        return self._split_scratch
 
     @property
     def pending_pairs(self) -> torch.Tensor | None:
@@ -294,20 +297,8 @@ class LayerCpuPath:
         rows = per_k if per_k.is_contiguous() else per_k.contiguous()
         job = self.step_job
         wait_and_merge(rows.view(t * self.top_k, -1), job.out.view(-1, self.bank.hidden), pending.reshape(-1), job.team.mailbox,
-                       self.expected, self.counters[4:], self.recompute(), self.wait_limit)
+                       self.expected, self.counters[4:], self.recompute, self.wait_limit)
         return rows.view(per_k.shape)
-
-    def recompute(self) -> Any:
-        """Where the merge recomputes a pair the team did not finish in time (``split_triton.Recompute``)."""
-        if self._recompute is None:
-            from .split_triton import Recompute
-
-            job, b = self.step_job, self.bank
-            scratch = torch.zeros(self.rows * self.top_k, b.inter, dtype=torch.float32, device=self.device)
-            quant = b.quant.to(self.device) if b.quant is not None else None  # FP8: the scales where the kernel reads them
-            self._recompute = Recompute(job.x, job.ids.view(-1), job.weights.view(-1), b.w13, b.w2, b.row_offset, self.top_k,
-                                        scratch, self._timeout_flag, job.team.stalled_on_device, quant)
-        return self._recompute
 
     def take_timeout_flag(self) -> bool:
         """True once after a merge gave up waiting for the team (pairs recomputed on the device); a

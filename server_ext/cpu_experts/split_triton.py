@@ -296,14 +296,14 @@ def split_and_stage(
     limit = n_pairs if pair_limit is None else max(0, min(int(pair_limit), n_pairs))
     if expert_space is None:
         expert_space = n_pairs > BIG_STEP_PAIRS
-    block_e = triton.next_power_of_2(max(num_experts, 2))
+    words = scratch_words(num_experts)  # 2 x BLOCK_E
     if expert_space:
         if n_pairs >= 1 << 10 or num_experts >= 1 << 20:
             raise ValueError(f"the expert-space split keys hold < 1024 pairs and < 2^20 experts, got {n_pairs} and {num_experts}")
         if scratch is None:
-            scratch = torch.empty(scratch_words(num_experts), dtype=torch.int64, device=topk_ids.device)
-        if scratch.dtype != torch.int64 or scratch.numel() < 2 * block_e or scratch.device != topk_ids.device:
-            raise ValueError(f"the split's scratch must be int64 on {topk_ids.device} with {2 * block_e} words, "
+            scratch = torch.empty(words, dtype=torch.int64, device=topk_ids.device)
+        if scratch.dtype != torch.int64 or scratch.numel() < words or scratch.device != topk_ids.device:
+            raise ValueError(f"the split's scratch must be int64 on {topk_ids.device} with {words} words, "
                              f"got {scratch.dtype} {scratch.numel()} on {scratch.device}")
     if num_warps is None:
         num_warps = SPLIT_WARPS if n_pairs <= BIG_STEP_PAIRS or expert_space else BIG_STEP_WARPS
@@ -321,7 +321,7 @@ def split_and_stage(
         BLOCK_P=triton.next_power_of_2(max(n_pairs, 2)), BLOCK_N=triton.next_power_of_2(max(min(n_pairs, num_experts, limit) + 1, 2)),
         BLOCK_X=block_x, POST=post is not None, FENCE=not interpret, SEQ_ON_DEVICE=p.posted is not None,
         HAS_PRIO=priority is not None, PAIRS_FIRST=bool(pairs_first) and priority is not None,
-        EXPERT_SPACE=bool(expert_space), BLOCK_E=block_e, num_warps=num_warps,
+        EXPERT_SPACE=bool(expert_space), BLOCK_E=words // 2, num_warps=num_warps,
     )
 
 
