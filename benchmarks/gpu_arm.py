@@ -186,18 +186,33 @@ REAP_KERNELS = ("remap_capture_kernel", "accumulate_kernel", "_policy_kernel", "
 """reap-swap's own per-step kernels (Triton), timed on the device in a profile."""
 
 
-def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, Any]:
-    """torch.profiler over ``steps`` decode steps of one request: syncs and launches per step."""
+def _profile(llm: Any, prompts: list[dict[str, list[int]]], steps: int, request_ids: list[str] | None = None) -> dict[str, Any]:
+    """torch.profiler over ``steps`` decode steps of ``prompts`` run together: syncs and launches per step.
+
+    Every request is past its prefill (which may take several chunked steps at batch 32) and three more
+    decode steps before the window opens, and none finishes inside it, so each profiled step decodes
+    the whole batch."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from vllm import SamplingParams
 
-    from reap_swap.benchmarks.profile_counts import kernel_times, per_step_counts
+    from reap_swap.benchmarks.profile_counts import PROFILE_MARGIN, kernel_times, per_step_counts
 
+    ids = request_ids or [f"bench-profile.{i}" for i in range(len(prompts))]
+    if len(ids) != len(prompts) or not prompts:
+        raise ValueError(f"profile: {len(prompts)} prompts, {len(ids)} request ids")
     eng = llm.llm_engine
-    eng.add_request("bench-profile", prompt, SamplingParams(temperature=0, max_tokens=steps + 16, ignore_eos=True))
-    for _ in range(4):  # prefill and a few decode steps outside the window
-        eng.step()
+    for rid, prompt in zip(ids, prompts):
+        eng.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=steps + PROFILE_MARGIN, ignore_eos=True))
+    started: set[str] = set()
+    warm = 0
+    for _ in range(256):  # prefill, then three decode steps outside the window
+        started.update(o.request_id for o in eng.step() if o.outputs and o.outputs[0].token_ids)
+        warm += len(started) == len(ids)
+        if warm > 3:
+            break
+    else:
+        raise RuntimeError(f"profile: only {len(started)} of {len(ids)} requests started decoding in 256 steps")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -211,6 +226,7 @@ def _profile(llm: Any, prompt: dict[str, list[int]], steps: int) -> dict[str, An
     device_us = (float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in averages)
     counts["reap_kernels"] = kernel_times(((e.key, int(e.count), us) for e, us in zip(averages, device_us)), REAP_KERNELS, steps)
     counts["steps"] = steps
+    counts["batch"] = len(prompts)
     counts["top_cpu_calls"] = [(e.key, int(e.count)) for e in sorted(averages, key=lambda e: -e.count)[:25]]
     return counts
 
@@ -318,7 +334,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
         res.save("bs1_accounting_off", off)
         llm.collective_rpc("reap_set_accounting", args=(True,))
     if spec.get("profile_steps"):
-        res.save("profile", _profile(llm, bs1[0], spec["profile_steps"]))
+        res.save("profile", _profile(llm, [bs1[0]], spec["profile_steps"]))
     if reap and spec["device"] == "cuda" and spec.get("sweep"):
         res.save("link", _link_gbps(llm))
     if reap and spec.get("sweep") and resident is not None:

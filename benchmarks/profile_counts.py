@@ -11,6 +11,9 @@ from typing import Callable, Iterable
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize")
 # A plain cudaMemcpy (not ...Async) blocks the host until the copy is done.
 BLOCKING_COPIES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemset")
+# Decode tokens a profiled request may take past the window: the warm-up steps, and at batch 32 the
+# steps its batch's chunked prefill staggers the requests by (none may finish inside the window).
+PROFILE_MARGIN = 32
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
 
 

@@ -438,3 +438,28 @@ def test_cpu_also_trace_runs_both_workloads_on_one_engine(tmp_path: Path) -> Non
         assert static["replay_checked"] is True and abs(static["hit_rate_decode"] - static["hit_rate_decode_offline"]) < 1e-9
     assert v1r["arms"]["reap_static"]["hit_rate_decode"] != v2r["arms"]["reap_static"]["hit_rate_decode"]  # two workloads, not one twice
     assert v1r["arms"]["reap_static"]["llm_init_s"] == v2r["arms"]["reap_static"]["llm_init_s"]  # one engine build
+
+
+@pytest.mark.vllm
+def test_cpu_extra_batch_is_timed_checked_and_profiled_decoding_together(tmp_path: Path) -> None:
+    """--extra-batches 4: the bs4 group is timed, its ids checked against stock, and profiled with all four requests decoding."""
+    pytest.importorskip("vllm")
+    sets_path = tmp_path / "sets.json"
+    write_sets(traces.load(TRACE), sets_path, TRACE_LAYERS)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "reap_swap.cli", "bench-gpu", "--shape", "tiny128", "--device", "cpu", "--trace", str(TRACE),
+           "--sets", str(sets_path), "--trace-layers", ",".join(map(str, TRACE_LAYERS)), "--requests", "1", "--groups", "1",
+           "--gen", "4", "--gen-bs8", "5", "--batch", "8", "--extra-batches", "4", "--reps", "1", "--workdir", str(tmp_path / "work"),
+           "--out", str(out), "--deadline-s", "900", "--arms", "stock_gpu,reap_cache", "--profile-steps", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    for name in ("stock_gpu", "reap_cache"):
+        a = res["arms"][name]
+        assert a["error"] is None, (name, a["error"])
+        assert a["decode_tok_s_bs4"] > 0 and a["syncs_per_decode_step_bs4"] is not None and a["syncs_per_decode_step"] is not None
+    assert res["arms"]["reap_cache"]["identical_ids_bs4"] is True
+    raw = json.loads((tmp_path / "work" / "reap_cache.json").read_text())
+    assert raw["profile_bs4"]["batch"] == 4 and raw["profile"]["batch"] == 1 and raw["profile_bs4"]["steps"] == 3
+    assert "Per decode step at batch 4" in (tmp_path / "bench.md").read_text()

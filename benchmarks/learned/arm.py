@@ -400,7 +400,13 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
     if spec.get("profile_steps") and bs1:
         routing.assign("bench-profile", bs1[0].index)
-        res.save("profile", _profile(llm, {"prompt_token_ids": prompts[bs1[0].index]}, spec["profile_steps"]))
+        res.save("profile", _profile(llm, [{"prompt_token_ids": prompts[bs1[0].index]}], spec["profile_steps"]))
+    if spec.get("profile_steps") and extra and extra[-1][1]:  # the largest extra batch (bs32): its first group decoding together
+        key, (_, reqs) = extra[-1][0], extra[-1][1][0]
+        ids = [f"bench-profile-{key}.{q.index}" for q in reqs]
+        for rid, q in zip(ids, reqs):
+            routing.assign(rid, q.index)
+        res.save(f"profile_{key}", _profile(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
     if reap:
         states = llm.collective_rpc("reap_state")
         state = states[0]

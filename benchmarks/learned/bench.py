@@ -58,6 +58,7 @@ from .inputs import (
     predicted,
     select_bs1,
 )
+from ..profile_counts import PROFILE_MARGIN
 from ..shapes import MoeShape
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
@@ -91,6 +92,9 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     extra = {b: extra_groups(trace, b, args.groups, args.gen_bs8) for b in getattr(args, "extra_batches", None) or []}
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs] + [q for gs in extra.values() for reqs in gs for q in reqs])
+    # the profiled requests: bs1's first, and the largest extra batch's first group (arm.run_workload)
+    profiled = bs1[:1] + (extra[max(extra)][0] if extra and extra[max(extra)] else [])
+    profiled_prompt = max((q.prompt_len for q in profiled), default=0)
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     quant = getattr(args, "quantization", None)
     weight_bytes = 1 if quant else shape.dtype_bytes  # FP8: one byte a weight (expert bytes, stock offload's GiB)
@@ -104,7 +108,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "top_k": shape.top_k,
         "expert_bytes": shape.expert_bytes * weight_bytes // shape.dtype_bytes,
         "vocab": vocab,
-        "max_model_len": max(longest, bs1[0].prompt_len + args.profile_steps + 16 if bs1 and args.profile_steps else 0) + 16,
+        "max_model_len": max(longest, profiled_prompt + args.profile_steps + PROFILE_MARGIN if args.profile_steps else 0) + 16,
         "kv_cache_gib": args.kv_cache_gib,
         "batch": args.batch,
         "gen": args.gen,

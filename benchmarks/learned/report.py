@@ -41,6 +41,8 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
                       f"ttft_ms_{key}": _get(raw, key, "ttft_ms"), f"hit_rate_decode_{key}": _get(hits, key, "hit_rate_decode"),
                       f"hit_rate_decode_{key}_offline": _get(spec, "offline", key, "hit_rate_decode"),
                       f"link_bytes_per_token_{key}": link(key), f"identical_ids_{key}": raw.get(f"identical_ids_{key}")})
+        if raw.get(f"profile_{key}") is not None:  # the largest extra batch is profiled too
+            extra.update({f"{m}_per_decode_step_{key}": _get(raw, f"profile_{key}", m) for m in ("syncs", "blocking_copies", "launches")})
     tp = tpm.tp_of(spec)
     if tp > 1:
         extra["gpu_used_gib_by_rank"] = [r.get("gpu_used_gib") for r in _get(raw, "memory", "by_rank") or []]
@@ -287,6 +289,12 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Per decode step at batch 1 (torch.profiler): " + "; ".join(
             f"{n} {_fmt(a['syncs_per_decode_step'], '.2f')} syncs, {_fmt(a['blocking_copies_per_decode_step'], '.2f')} blocking copies, "
             f"{_fmt(a['launches_per_decode_step'], '.1f')} launches" for n, a in prof.items()) + "."]
+    for b in batch_keys(result["arms"])[2:]:
+        prof = {n: a for n, a in result["arms"].items() if a.get(f"syncs_per_decode_step_{b}") is not None}
+        if prof:
+            lines += ["", f"Per decode step at batch {b[2:]} (torch.profiler, one group decoding together): " + "; ".join(
+                f"{n} {_fmt(a[f'syncs_per_decode_step_{b}'], '.2f')} syncs, {_fmt(a[f'blocking_copies_per_decode_step_{b}'], '.2f')} blocking copies, "
+                f"{_fmt(a[f'launches_per_decode_step_{b}'], '.1f')} launches" for n, a in prof.items()) + "."]
     comp = complement_summary(result)
     for name, c in ((comp or {}).get("pairs") or {}).items():
         lines += ["", f"RAM complement off / on ({name}): pinned host {_pair(c['host_gib_full_copy'], c['host_gib_complement'], '.2f')} GiB, "
