@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .cudagraph import capture_sizes
 from .dummy_weights import FP8_BLOCK_CONFIG, W4A16_CONFIG, deterministic_int_dummies
 from .gpu_report import first_diff
 from .tp import tp_of
@@ -51,6 +52,7 @@ def _environment(spec: dict[str, Any]) -> None:
 
 
 def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    max_num_seqs = spec.get("max_num_seqs") or spec["batch"]
     kw: dict[str, Any] = dict(
         model=spec["model"],
         dtype=spec["dtype"],
@@ -58,7 +60,7 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         max_model_len=spec["max_model_len"],
         enable_prefix_caching=False,
         seed=0,
-        max_num_seqs=spec.get("max_num_seqs") or spec["batch"],
+        max_num_seqs=max_num_seqs,
         tensor_parallel_size=tp_of(spec),
     )
     if spec.get("max_batched_tokens"):
@@ -67,7 +69,7 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
         kw.update(
             gpu_memory_utilization=0.92,
             kv_cache_memory_bytes=int(spec["kv_cache_gib"] * 2**30),
-            compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8]},
+            compilation_config={"cudagraph_capture_sizes": capture_sizes(max(8, max_num_seqs))},  # bs1, bs8 and --extra-batches
         )
     if spec.get("offload_gib"):
         kw.update(cpu_offload_gb=spec["offload_gib"], cpu_offload_params={"experts"})

@@ -23,7 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cpu_misses import RESERVED_FOR_VLLM  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
+from .cpu_misses import RESERVED_FOR_VLLM
+from .cudagraph import capture_sizes  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_static_cpu", "reap_fast")
 CUDA_ONLY = ("reap_static_cpu", "reap_fast")
@@ -80,7 +81,7 @@ def engine_args(s: ServeSettings) -> list[str]:
     if s.load_format:
         args += ["--load-format", s.load_format]
     if s.device == "cuda":
-        sizes = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= s.max_num_seqs} | {s.max_num_seqs})
+        sizes = capture_sizes(s.max_num_seqs)
         args += ["--gpu-memory-utilization", "0.92", "--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30)),
                  "--compilation-config", json.dumps({"cudagraph_capture_sizes": sizes})]
     return args

@@ -203,3 +203,21 @@ def test_cpu_smoke_staging_arm_identical_and_booked(tmp_path: Path) -> None:
     books = res["raw"]["reap_30_stage"]["staging_bs1"]
     assert books["staged_experts"] > 0 and books["staging_link_bytes"] > 0
     assert res["ratios"]["ttft_stage_vs_stock_offload_bs1"] is None  # no stock_offload arm in this run
+
+
+def test_engines_capture_a_graph_for_every_batch_they_time() -> None:
+    """bs32 (--extra-batches) replays a captured graph as bs1 and bs8 do, like the served arms' engines."""
+    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks.cudagraph import capture_sizes
+    from reap_swap.benchmarks.serve_arms import ServeSettings, engine_args
+
+    spec = {"model": "m", "dtype": "bfloat16", "max_model_len": 64, "batch": 8, "device": "cuda", "kv_cache_gib": 1.0, "kind": "stock"}
+    assert gpu_arm._engine_kwargs(spec)["compilation_config"]["cudagraph_capture_sizes"] == [1, 2, 4, 8]
+    sizes = gpu_arm._engine_kwargs({**spec, "max_num_seqs": 32})["compilation_config"]["cudagraph_capture_sizes"]
+    assert sizes == [1, 2, 4, 8, 16, 32]
+    assert capture_sizes(24) == [1, 2, 4, 8, 16, 24] and capture_sizes(1) == [1]
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        capture_sizes(0)
+    served = engine_args(ServeSettings(model="m", device="cuda", dtype="bfloat16", max_model_len=64, max_num_seqs=32, kv_cache_gib=1.0,
+                                       offload_gib=0.0, slots=8))
+    assert json.loads(served[served.index("--compilation-config") + 1])["cudagraph_capture_sizes"] == sizes
