@@ -5,8 +5,10 @@ Why: a step-time model is only worth choosing policies by if it predicts the arm
 names its file and key, or says it is an estimate); the only fitted constant is ``base_ms`` (the
 non-MoE step), taken from the ``stock_gpu`` arm alone. ``validate`` replays the exact requests
 ``bench-gpu --trace`` timed (the workload its JSON lists) through every arm's rules (``clock_arms``)
-and reports the median simulated step next to the measured median step, arm by arm, at batch 1 and 8.
-Machines: the H200 runs behind issue 25's table, and the H100 run of 2026-12-06 on v1's and v2's traces.
+and reports the median simulated step next to the measured median step, arm by arm, at every batch size
+the run timed (1 and 8; 32 where it ran ``--extra-batches 32``).
+Machines: the H200 runs behind issue 25's table, the H100 run of 2026-12-06 on v1's and v2's traces, and
+the H100 run behind ``bench_gpu_fast_h100.json`` (v1's trace, batch 1, 8 and 32).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ HOST_BUS = "host_bus_h200.json"
 SPLIT = "split_kernel_h200.json"
 H100_V1 = "bench_gpu_learned_v1_beside_v2.json"
 H100_V2 = "bench_gpu_learned_v2.json"
+H100_FAST = "bench_gpu_fast_h100.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
@@ -61,6 +64,11 @@ class Machine:
     """``ms_all_layers``: the split + merge chain over every layer (ms); ``us_per_step``: a profile's device µs per step."""
     issue25: Mapping[str, tuple[float, float]] = dataclass_field(default_factory=dict)
     """Issue 25's quoted tok/s, for arms with no committed run JSON (H200 only)."""
+    spec_arm: str = "reap_static"
+    """The reap arm whose spec names the workload and the trace, and whose profile gives the per-step kernels
+    (its split program left out: ``cpu_layer`` prices it)."""
+    batches: tuple[int, ...] = (1, 8)
+    """The batch sizes the run timed: 1, 8 and any ``--extra-batches`` (its spec's ``extra_batches``)."""
 
 
 H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
@@ -69,13 +77,15 @@ _H100_HBM = (3802.5 * 3.35 / 4.8, "not measured on the H100: the H200's measured
              "scaled by the parts' HBM peaks (3.35 / 4.8 TB/s)")
 
 
-def _h100(name: str, run: str) -> Machine:
+def _h100(name: str, run: str, **kw: Any) -> Machine:
     return Machine(name, run, run, link=(run, "raw.reap_static_cpu.cpu_path_bs1.measured.link_GBps"), hbm_estimate=_H100_HBM,
-                   cpu_layer=(run, "arms.reap_static_cpu.reap_kernels._split_kernel.device_us_per_step"), cpu_layer_unit="us_per_step")
+                   cpu_layer=(run, "arms.reap_static_cpu.reap_kernels._split_kernel.device_us_per_step"), cpu_layer_unit="us_per_step", **kw)
 
 
-MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2": _h100("h100-30b-a3b-v2", H100_V2)}
-"""``simulate --machine``: the H200 runs (issue 25's table), and the H100 run of 2026-12-06 on v1's and v2's traces."""
+MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2": _h100("h100-30b-a3b-v2", H100_V2),
+            "h100-fast": _h100("h100-30b-a3b-fast", H100_FAST, spec_arm="reap_static_cpu", batches=(1, 8, 32))}
+"""``simulate --machine``: the H200 runs (issue 25's table), the H100 run of 2026-12-06 on v1's and v2's traces, and the
+H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec)."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:
@@ -113,7 +123,7 @@ class Sources:
 
 def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, bs: int, machine: Machine = H200) -> list[Batch]:
     """The batches ``bench-gpu --trace`` timed for ``arm`` (its JSON's requests), each with the set installed before it."""
-    spec = src.get(machine.learned, "raw.reap_static.spec")
+    spec = src.get(machine.learned, f"raw.{machine.spec_arm}.spec")
     name = Path(str(spec["trace"])).stem
     static = _sets(sets["sets"]["static_topk"])
     plan = _sets(sets["sets"]["plan"])
@@ -129,7 +139,14 @@ def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, 
 
     if bs == 1:
         return [Batch((req(q),), chosen(static, f"{q['index']}:{q['name']}")) for q in spec["requests_bs1"]]
-    return [Batch(tuple(req(q) for q in g["requests"]), chosen(static, str(g["group"]))) for g in spec["groups_bs8"]]
+    if bs == int(spec.get("batch", 8)):
+        return [Batch(tuple(req(q) for q in g["requests"]), chosen(static, str(g["group"]))) for g in spec["groups_bs8"]]
+    extra = {int(e["batch"]): e for e in spec.get("extra_batches") or []}
+    if bs not in extra:
+        raise ClockError(f"{machine.name}'s run timed no batch of {bs}")
+    if arm.startswith(("reap_classifier", "reap_fast_classifier")):
+        raise ClockError(f"{arm}: the run has no classifier sets for batch {bs}")
+    return [Batch(tuple(req(q) for q in g["requests"]), static) for g in extra[bs]["groups"]]
 
 
 def _sets(block: Mapping[str, Any]) -> dict[int, np.ndarray]:
@@ -172,7 +189,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
     else:
         raise ClockError(f"{machine.name}: no HBM read rate, measured or estimated")
     link = float(src.get(*machine.link, "link_GBps"))
-    kernels = src.get(run, "arms.reap_static.reap_kernels", "reap_step_ms")
+    kernels = {k: v for k, v in src.get(run, f"arms.{machine.spec_arm}.reap_kernels", "reap_step_ms").items() if k != "_split_kernel"}
     cache_k = src.get(run, "arms.reap_cache.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
     cm = src.get(run_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
     for name, key in (("cpu_fixed_ms", "cpu_fixed_s"), ("cpu_pair_ms", "cpu_per_pair_s")):
@@ -206,7 +223,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
     )
     src.used["promote_GBps"] = {**src.used["link_GBps"], "note": "the promotion copy (Triton, one program per pair and chunk) reads host rows as the fused kernel does"}
     base = []
-    for bs in (1, 8):
+    for bs in machine.batches:
         measured = float(src.get(run, f"raw.stock_gpu.bs{bs}.step_ms_median", f"stock_gpu_bs{bs}_ms"))
         rules = arm_rules(src, "stock_gpu", eb, trace.num_layers, trace.num_experts, machine)
         steps = [s for s in replay(trace, workload(src, trace, sets, "stock_gpu", bs, machine), rules, eb, 1) if s.timed]
@@ -216,7 +233,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
     prov = {
         "machine": machine.name,
         "measured": src.used,
-        "fit": {"base_ms": "per token count (1, 8): stock_gpu's median step minus its replayed resident reads at hbm_GBps; "
+        "fit": {"base_ms": f"per token count {machine.batches}: stock_gpu's median step minus its replayed resident reads at hbm_GBps; "
                            "fitted on the stock_gpu arm only (its error is 0 by construction); every other arm is a prediction"},
         "server_settings": ["cpu_fixed_ms", "cpu_pair_ms"],
         "notes": [
@@ -251,7 +268,7 @@ def arms_of(src: Sources, machine: Machine) -> tuple[str, ...]:
 
 def check_inputs(src: Sources, trace: RoutingTrace, clock: Clock | None, machine: Machine) -> None:
     """The trace is the one the machine's run replayed, and the clock was calibrated on that machine."""
-    ran = Path(str(src.get(machine.learned, "raw.reap_static.spec.trace"))).name
+    ran = Path(str(src.get(machine.learned, f"raw.{machine.spec_arm}.spec.trace"))).name
     given = Path(str(trace.meta.get("source_file") or "")).name
     if given and given != ran:
         raise ClockError(f"--trace {given} is not the trace {machine.name}'s run replayed ({ran})")
@@ -269,7 +286,7 @@ def validate(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Cl
     rows = []
     for arm in arms if arms is not None else arms_of(src, machine):
         base_rules = arm_rules(src, arm, eb, trace.num_layers, trace.num_experts, machine)
-        for bs in (1, 8):
+        for bs in machine.batches:
             rules = base_rules
             if rules.kind == "fast_bg":  # the copy stream may use the link through the step's non-MoE compute too
                 rules = Arm(rules.name, rules.kind, rules.cache, rules.cpu, link_idle_ms=clock.base(bs) / trace.num_layers)
@@ -317,7 +334,7 @@ def choices(trace: RoutingTrace, sets: dict[str, Any], results: Path, clock: Clo
     eb = clock.expert_bytes or int(src.get(machine.learned, "raw.stock_gpu.spec.expert_bytes"))
     base = arm_rules(src, "reap_cache_cpu", eb, trace.num_layers, trace.num_experts, machine)
     out = []
-    for bs in (1, 8):
+    for bs in machine.batches:
         batches = workload(src, trace, sets, "reap_cache", bs, machine)
         for cpu, fast in ((False, False), (True, False), (True, True)):
             rows = []

@@ -353,14 +353,14 @@ def test_fast_order_runs_the_copies_beside_the_cpu() -> None:
     assert step_ms(clock, StepCounts(**more, promote_beside_cpu=True), eb).total == pytest.approx(1.0 + 3.0)
 
 
-@pytest.mark.parametrize("machine", ["h100-v1", "h100-v2"])
+@pytest.mark.parametrize("machine", ["h100-v1", "h100-v2", "h100-fast"])
 def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(machine: str) -> None:
     from reap_swap.planning.clock_validate import MACHINES, calibrate
     from reap_swap.planning.traces import load
 
     v = machine.rsplit("-", 1)[1]
-    trace = load(REPO / "benchmarks" / "traces" / ("learned128_t0.8.npz" if v == "v1" else "learned128_v2_t0.8.npz"))
-    sets = json.loads((RESULTS / ("learned_sets.json" if v == "v1" else "learned_sets_v2.json")).read_text())
+    trace = load(REPO / "benchmarks" / "traces" / ("learned128_v2_t0.8.npz" if v == "v2" else "learned128_t0.8.npz"))
+    sets = json.loads((RESULTS / ("learned_sets_v2.json" if v == "v2" else "learned_sets.json")).read_text())
     built = calibrate(trace, sets, RESULTS, MACHINES[machine])
     assert built.to_json() == load_clock(RESULTS / f"step_time_h100_{v}.json").to_json()
     assert "estimate" in built.provenance["measured"]["hbm_GBps"], "the H100's HBM rate is an estimate and says so"
@@ -371,9 +371,10 @@ def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(
             assert r["prediction"] and r["measured_ms"] is None
             continue
         if r["arm"].startswith("reap_fast") or r["arm"] == "reap_cache":  # the replay's hit rate is the run's, arm by arm
-            key = "hit_rate_decode" if r["batch"] == 1 else "hit_rate_decode_bs8"
+            key = "hit_rate_decode" if r["batch"] == 1 else f"hit_rate_decode_bs{r['batch']}"
             assert r["simulated_hit_rate_decode"] == pytest.approx(run["arms"][r["arm"]][key], abs=0.002), (r["arm"], r["batch"])
         assert r["measured_ms"] is not None, "every arm the H100 run measured has its step"
+    assert sorted({r["batch"] for r in report["rows"]}) == list(MACHINES[machine].batches)
 
 
 def test_background_promotions_take_cpu_experts_only_with_link_room() -> None:
