@@ -206,23 +206,30 @@ def _profile(llm: Any, prompts: list[dict[str, list[int]]], steps: int, request_
     eng = llm.llm_engine
     for rid, prompt in zip(ids, prompts):
         eng.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=steps + PROFILE_MARGIN, ignore_eos=True))
-    started: set[str] = set()
-    warm = 0
-    for _ in range(256):  # prefill, then three decode steps outside the window
-        started.update(o.request_id for o in eng.step() if o.outputs and o.outputs[0].token_ids)
-        warm += len(started) == len(ids)
-        if warm > 3:
+    first_step: dict[str, int] = {}
+    for step in range(256):  # prefill (chunked: several steps at batch 32), then three decode steps outside the window
+        for o in eng.step():
+            if o.outputs and o.outputs[0].token_ids:
+                first_step.setdefault(o.request_id, step)
+        if len(first_step) == len(ids) and step >= max(first_step.values()) + 3:
             break
     else:
-        raise RuntimeError(f"profile: only {len(started)} of {len(ids)} requests started decoding in 256 steps")
+        raise RuntimeError(f"profile: {len(first_step)} of {len(ids)} requests decoding after 256 steps")
+    lead = max(first_step.values()) - min(first_step.values()) + 4  # tokens the earliest request has past the last one's
+    if lead >= PROFILE_MARGIN:
+        raise RuntimeError(f"profile: the batch's prefill staggered its requests by {lead - 4} steps; the earliest would finish inside "
+                           f"the window (PROFILE_MARGIN {PROFILE_MARGIN})")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    finished: list[str] = []
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            eng.step()
+            finished += [o.request_id for o in eng.step() if o.finished]
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     while eng.has_unfinished_requests():
         eng.step()
+    if finished:
+        raise RuntimeError(f"profile: {finished} finished inside the window: its steps did not all decode the whole batch")
     averages = prof.key_averages()
     counts = per_step_counts(((e.key, int(e.count)) for e in averages), steps)
     device_us = (float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) for e in averages)

@@ -56,6 +56,7 @@ from .learned import report as learned_report
 from .learned.arm import without_refs
 from . import tp as tpm
 from .gpu_report import acceptance, arm_summary, first_diff, law_check, markdown, prompt_lens, ratios, run_header
+from .profile_counts import PROFILE_MARGIN
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
@@ -74,7 +75,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         "dtype": "bfloat16" if args.device == "cuda" else "float32",
         "layers": shape.layers,
         "vocab": vocab,
-        "max_model_len": max(args.prompt_lens) + max(args.gen, args.gen_bs8) + 64,
+        "max_model_len": max(args.prompt_lens) + max(args.gen + 64, args.gen_bs8 + 64, args.profile_steps + PROFILE_MARGIN),
         "max_batched_tokens": args.max_batched_tokens,
         "ttft_only": args.ttft_only,
         "kv_cache_gib": args.kv_cache_gib,

@@ -23,8 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cpu_misses import RESERVED_FOR_VLLM
-from .cudagraph import capture_sizes  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
+from .cpu_misses import RESERVED_FOR_VLLM  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
+from .cudagraph import capture_sizes
 
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_static_cpu", "reap_fast")
 CUDA_ONLY = ("reap_static_cpu", "reap_fast")

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,59 @@ def test_engines_capture_a_graph_for_every_batch_they_time() -> None:
     served = engine_args(ServeSettings(model="m", device="cuda", dtype="bfloat16", max_model_len=64, max_num_seqs=32, kv_cache_gib=1.0,
                                        offload_gib=0.0, slots=8))
     assert json.loads(served[served.index("--compilation-config") + 1])["cudagraph_capture_sizes"] == sizes
+
+
+class _FakeEngine:
+    """The LLMEngine surface ``_profile`` drives, for faults a real engine cannot be made to show on cue: requests
+    that start decoding at given steps (a batch's chunked prefill), and one that stops early (``stop_after`` tokens)."""
+
+    def __init__(self, starts: list[int], stop_after: dict[int, int] | None = None) -> None:
+        self.starts, self.stop_after = starts, stop_after or {}
+        self.live: dict[str, dict[str, int]] = {}
+        self.steps = 0
+        self.decoding_in_step: list[int] = []
+
+    def add_request(self, rid: str, prompt: dict[str, list[int]], params: Any) -> None:
+        i = len(self.live)
+        self.live[rid] = {"i": i, "tokens": 0, "max": self.stop_after.get(i, params.max_tokens)}
+
+    def step(self) -> list[Any]:
+        from types import SimpleNamespace
+
+        outs = []
+        for rid, r in list(self.live.items()):
+            if self.steps >= self.starts[r["i"]]:
+                r["tokens"] += 1
+                done = r["tokens"] >= r["max"]
+                outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=list(range(r["tokens"])))], finished=done))
+                if done:
+                    del self.live[rid]
+        self.decoding_in_step.append(len(outs))
+        self.steps += 1
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.live)
+
+
+def test_profile_opens_its_window_once_the_whole_batch_decodes_and_refuses_a_partial_one() -> None:
+    from types import SimpleNamespace
+
+    pytest.importorskip("vllm")
+    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks.profile_counts import PROFILE_MARGIN
+
+    prompts = [{"prompt_token_ids": [1, 2]}] * 4
+    eng = _FakeEngine([0, 0, 1, 2])  # the last request's first token comes at step 2
+    counts = gpu_arm._profile(SimpleNamespace(llm_engine=eng), prompts, 5, ["a", "b", "c", "d"])
+    assert counts["batch"] == 4 and counts["steps"] == 5
+    assert eng.decoding_in_step[6:11] == [4] * 5, "the window (after step 2 + 3 warm-up steps) decodes every request"
+    one = _FakeEngine([0])
+    gpu_arm._profile(SimpleNamespace(llm_engine=one), prompts[:1], 5)
+    assert one.decoding_in_step[:4] == [1] * 4 and one.steps == 5 + PROFILE_MARGIN, "batch 1: prefill + 3 steps before the window, as before"
+    with pytest.raises(RuntimeError, match="staggered"):
+        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0, PROFILE_MARGIN])), prompts[:2], 5)
+    with pytest.raises(RuntimeError, match="finished inside the window"):
+        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0, 0], stop_after={1: 6})), prompts[:2], 5)
+    with pytest.raises(ValueError, match="request ids"):
+        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0])), prompts[:2], 5, ["only-one"])

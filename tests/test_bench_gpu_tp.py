@@ -185,6 +185,10 @@ def test_every_learned_arm_engine_carries_tp_and_the_replay_extension(tmp_path: 
     cache = next(s for s in specs if s["name"] == "reap_cache")
     assert set(cache["per_group_extra"]["bs32"]) == {str(g["group"]) for g in cache["extra_batches"][0]["groups"]}
     assert len(cache["extra_batches"][0]["groups"][0]["requests"]) == 32
+    from reap_swap.benchmarks.profile_counts import PROFILE_MARGIN  # the batch-32 profile's prompts fit with its decode tokens
+
+    longest32 = max(q["prompt_len"] for q in cache["extra_batches"][0]["groups"][0]["requests"])
+    assert cache["max_model_len"] >= longest32 + args.profile_steps + PROFILE_MARGIN
     # one GPU: no extension swap, the in-process replay as before
     args1, _ = _args(["--trace", str(TRACE), "--sets", str(SETS), "--arms", "stock_gpu,reap_static"], tmp_path)
     args1.tensor_parallel_size = 1

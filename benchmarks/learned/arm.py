@@ -398,15 +398,17 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
             same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
             res.save("identical_ids" if key == "bs1" else f"identical_ids_{key}", all(same.values()) and set(ref) == set(tokens))
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
-    if spec.get("profile_steps") and bs1:
-        routing.assign("bench-profile", bs1[0].index)
-        res.save("profile", _profile(llm, [{"prompt_token_ids": prompts[bs1[0].index]}], spec["profile_steps"]))
-    if spec.get("profile_steps") and extra and extra[-1][1]:  # the largest extra batch (bs32): its first group decoding together
-        key, (_, reqs) = extra[-1][0], extra[-1][1][0]
-        ids = [f"bench-profile-{key}.{q.index}" for q in reqs]
-        for rid, q in zip(ids, reqs):
-            routing.assign(rid, q.index)
-        res.save(f"profile_{key}", _profile(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
+    if spec.get("profile_steps"):  # batch 1, and the largest extra batch (bs32): its first group decoding together
+        profiled = [("profile", "bench-profile", bs1[:1])]
+        largest = max(extra, key=lambda e: int(e[0][2:]), default=None)
+        if largest is not None and largest[1]:
+            profiled.append((f"profile_{largest[0]}", f"bench-profile-{largest[0]}", largest[1][0][1]))
+        for name, tag, reqs in profiled:
+            if reqs:
+                ids = [request_id(routing, prefix + tag, q.index) for q in reqs]  # tagged: TP workers route by the id
+                for rid, q in zip(ids, reqs):
+                    routing.assign(rid, q.index)
+                res.save(name, _profile(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
     if reap:
         states = llm.collective_rpc("reap_state")
         state = states[0]
