@@ -9,3 +9,8 @@ for p in server_ext planning models proxy classifier example benchmarks; do ln -
 export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
 # The CLI from /tmp (outside the repo root, so the shim's reap_swap is the one imported): `rs bench-gpu ...`
 rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
+# vLLM staged by an earlier call on this machine: its exports do not carry across device calls, so take
+# them again here (setup_on_device.sh skips the unpacking it already did).
+if [ -f /tmp/site/.deps_done ] && [ -f /tmp/stage/setup_on_device.sh ]; then
+  case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) source /tmp/stage/setup_on_device.sh > /dev/null ;; esac
+fi
