@@ -225,7 +225,7 @@ def test_engines_capture_a_graph_for_every_batch_they_time() -> None:
 
 
 class _FakeEngine:
-    """The LLMEngine surface ``_profile`` drives, for faults a real engine cannot be made to show on cue: requests
+    """The LLMEngine surface ``profile_decode`` drives, for faults a real engine cannot be made to show on cue: requests
     that start decoding at given steps (a batch's chunked prefill), and one that stops early (``stop_after`` tokens)."""
 
     def __init__(self, starts: list[int], stop_after: dict[int, int] | None = None) -> None:
@@ -261,20 +261,20 @@ def test_profile_opens_its_window_once_the_whole_batch_decodes_and_refuses_a_par
     from types import SimpleNamespace
 
     pytest.importorskip("vllm")
-    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks import step_profile
     from reap_swap.benchmarks.profile_counts import PROFILE_MARGIN
 
     prompts = [{"prompt_token_ids": [1, 2]}] * 4
     eng = _FakeEngine([0, 0, 1, 2])  # the last request's first token comes at step 2
-    counts = gpu_arm._profile(SimpleNamespace(llm_engine=eng), prompts, 5, ["a", "b", "c", "d"])
+    counts = step_profile.profile_decode(SimpleNamespace(llm_engine=eng), prompts, 5, ["a", "b", "c", "d"])
     assert counts["batch"] == 4 and counts["steps"] == 5
     assert eng.decoding_in_step[6:11] == [4] * 5, "the window (after step 2 + 3 warm-up steps) decodes every request"
     one = _FakeEngine([0])
-    gpu_arm._profile(SimpleNamespace(llm_engine=one), prompts[:1], 5)
+    step_profile.profile_decode(SimpleNamespace(llm_engine=one), prompts[:1], 5)
     assert one.decoding_in_step[:4] == [1] * 4 and one.steps == 5 + PROFILE_MARGIN, "batch 1: prefill + 3 steps before the window, as before"
     with pytest.raises(RuntimeError, match="staggered"):
-        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0, PROFILE_MARGIN])), prompts[:2], 5)
+        step_profile.profile_decode(SimpleNamespace(llm_engine=_FakeEngine([0, PROFILE_MARGIN])), prompts[:2], 5)
     with pytest.raises(RuntimeError, match="finished inside the window"):
-        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0, 0], stop_after={1: 6})), prompts[:2], 5)
+        step_profile.profile_decode(SimpleNamespace(llm_engine=_FakeEngine([0, 0], stop_after={1: 6})), prompts[:2], 5)
     with pytest.raises(ValueError, match="request ids"):
-        gpu_arm._profile(SimpleNamespace(llm_engine=_FakeEngine([0])), prompts[:2], 5, ["only-one"])
+        step_profile.profile_decode(SimpleNamespace(llm_engine=_FakeEngine([0])), prompts[:2], 5, ["only-one"])

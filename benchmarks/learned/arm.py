@@ -28,7 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import tp as tpm
-from ..gpu_arm import Results, _engine_kwargs, _memory, _profile, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
+from ..gpu_arm import Results, _engine_kwargs, _memory, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
+from ..step_profile import profile_decode
 from .inputs import Batch, Target, TraceRequest, tp_of
 from .placement import stock_hits
 
@@ -408,7 +409,7 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
                 ids = [request_id(routing, prefix + tag, q.index) for q in reqs]  # tagged: TP workers route by the id
                 for rid, q in zip(ids, reqs):
                     routing.assign(rid, q.index)
-                res.save(name, _profile(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
+                res.save(name, profile_decode(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
     if reap:
         states = llm.collective_rpc("reap_state")
         state = states[0]
