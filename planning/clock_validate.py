@@ -139,14 +139,12 @@ def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, 
 
     if bs == 1:
         return [Batch((req(q),), chosen(static, f"{q['index']}:{q['name']}")) for q in spec["requests_bs1"]]
-    if bs == int(spec.get("batch", 8)):
-        return [Batch(tuple(req(q) for q in g["requests"]), chosen(static, str(g["group"]))) for g in spec["groups_bs8"]]
-    extra = {int(e["batch"]): e for e in spec.get("extra_batches") or []}
-    if bs not in extra:
+    groups = {int(spec.get("batch", 8)): spec["groups_bs8"], **{int(e["batch"]): e["groups"] for e in spec.get("extra_batches") or []}}
+    if bs not in groups:
         raise ClockError(f"{machine.name}'s run timed no batch of {bs}")
-    if arm.startswith(("reap_classifier", "reap_fast_classifier")):
+    if bs != int(spec.get("batch", 8)) and arm.startswith(("reap_classifier", "reap_fast_classifier")):
         raise ClockError(f"{arm}: the run has no classifier sets for batch {bs}")
-    return [Batch(tuple(req(q) for q in g["requests"]), plan if arm == "reap_plan" else static) for g in extra[bs]["groups"]]
+    return [Batch(tuple(req(q) for q in g["requests"]), chosen(static, str(g["group"]))) for g in groups[bs]]
 
 
 def _sets(block: Mapping[str, Any]) -> dict[int, np.ndarray]:

@@ -399,17 +399,12 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
             same = {tag: tokens.get(tag) == ids for tag, ids in ref.items()}
             res.save("identical_ids" if key == "bs1" else f"identical_ids_{key}", all(same.values()) and set(ref) == set(tokens))
             res.save(f"differing_{key}", sorted(t for t, ok in same.items() if not ok))
-    if spec.get("profile_steps"):  # batch 1, and the largest extra batch (bs32): its first group decoding together
-        profiled = [("profile", "bench-profile", bs1[:1])]
-        largest = max(extra, key=lambda e: int(e[0][2:]), default=None)
-        if largest is not None and largest[1]:
-            profiled.append((f"profile_{largest[0]}", f"bench-profile-{largest[0]}", largest[1][0][1]))
-        for name, tag, reqs in profiled:
-            if reqs:
-                ids = [request_id(routing, prefix + tag, q.index) for q in reqs]  # tagged: TP workers route by the id
-                for rid, q in zip(ids, reqs):
-                    routing.assign(rid, q.index)
-                res.save(name, profile_decode(llm, [{"prompt_token_ids": prompts[q.index]} for q in reqs], spec["profile_steps"], ids))
+    if spec.get("profile_steps"):  # each set of requests bench.build_specs names, decoding together
+        for name, indices in (spec.get("profiled") or {}).items():
+            ids = [request_id(routing, f"{prefix}bench-{name.replace('_', '-')}", i) for i in indices]  # tagged: TP workers route by the id
+            for rid, i in zip(ids, indices):
+                routing.assign(rid, i)
+            res.save(name, profile_decode(llm, [{"prompt_token_ids": prompts[i]} for i in indices], spec["profile_steps"], ids))
     if reap:
         states = llm.collective_rpc("reap_state")
         state = states[0]

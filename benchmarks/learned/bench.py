@@ -92,9 +92,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     extra = {b: extra_groups(trace, b, args.groups, args.gen_bs8) for b in getattr(args, "extra_batches", None) or []}
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs] + [q for gs in extra.values() for reqs in gs for q in reqs])
-    # the profiled requests: bs1's first, and the largest extra batch's first group (arm.run_workload)
-    profiled = bs1[:1] + (extra[max(extra)][0] if extra and extra[max(extra)] else [])
-    profiled_prompt = max((q.prompt_len for q in profiled), default=0)
+    # what the profiled arms profile (arm.run_workload), each set decoding together: bs1's first request, and
+    # the largest extra batch's first group (bs32: the CPU path's budgeted steps)
+    profiled = {"profile": bs1[:1]}
+    if extra and extra[max(extra)]:
+        profiled[f"profile_bs{max(extra)}"] = extra[max(extra)][0]
+    profiled_prompt = max((q.prompt_len for reqs in profiled.values() for q in reqs), default=0)
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     quant = getattr(args, "quantization", None)
     weight_bytes = 1 if quant else shape.dtype_bytes  # FP8: one byte a weight (expert bytes, stock offload's GiB)
@@ -122,6 +125,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "groups_bs8": groups,
         "prompt_seed": 0,
         "tensor_parallel_size": tp,
+        "profiled": {name: [q.index for q in reqs] for name, reqs in profiled.items() if reqs},
     }
     if quant:
         base["quantization"] = quant

@@ -284,17 +284,14 @@ def markdown(result: dict[str, Any]) -> str:
     if checked:
         lines += ["", "Trace replay checked (measured decode hit rate = offline, bs1 and bs8): "
                   + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in checked.items()) + "."]
-    prof = {n: a for n, a in result["arms"].items() if a.get("syncs_per_decode_step") is not None}
-    if prof:
-        lines += ["", "Per decode step at batch 1 (torch.profiler): " + "; ".join(
-            f"{n} {_fmt(a['syncs_per_decode_step'], '.2f')} syncs, {_fmt(a['blocking_copies_per_decode_step'], '.2f')} blocking copies, "
-            f"{_fmt(a['launches_per_decode_step'], '.1f')} launches" for n, a in prof.items()) + "."]
-    for b in batch_keys(result["arms"])[2:]:
-        prof = {n: a for n, a in result["arms"].items() if a.get(f"syncs_per_decode_step_{b}") is not None}
+    profiled = [("", "batch 1 (torch.profiler)")] + [(f"_{b}", f"batch {b[2:]} (torch.profiler, one group decoding together)")
+                                                     for b in batch_keys(result["arms"])[2:]]
+    for sfx, label in profiled:
+        prof = {n: a for n, a in result["arms"].items() if a.get(f"syncs_per_decode_step{sfx}") is not None}
         if prof:
-            lines += ["", f"Per decode step at batch {b[2:]} (torch.profiler, one group decoding together): " + "; ".join(
-                f"{n} {_fmt(a[f'syncs_per_decode_step_{b}'], '.2f')} syncs, {_fmt(a[f'blocking_copies_per_decode_step_{b}'], '.2f')} blocking copies, "
-                f"{_fmt(a[f'launches_per_decode_step_{b}'], '.1f')} launches" for n, a in prof.items()) + "."]
+            lines += ["", f"Per decode step at {label}: " + "; ".join(
+                f"{n} {_fmt(a[f'syncs_per_decode_step{sfx}'], '.2f')} syncs, {_fmt(a[f'blocking_copies_per_decode_step{sfx}'], '.2f')} blocking copies, "
+                f"{_fmt(a[f'launches_per_decode_step{sfx}'], '.1f')} launches" for n, a in prof.items()) + "."]
     comp = complement_summary(result)
     for name, c in ((comp or {}).get("pairs") or {}).items():
         lines += ["", f"RAM complement off / on ({name}): pinned host {_pair(c['host_gib_full_copy'], c['host_gib_complement'], '.2f')} GiB, "
