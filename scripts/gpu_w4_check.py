@@ -4,7 +4,8 @@ The 30B-A3B shape (24 layers, vLLM dummy weights) with a compressed-tensors W4A1
 128, symmetric, every Linear but the head and the router; ``dummy_weights.W4A16_CONFIG``), in fresh
 processes (bench-gpu's arms): stock vLLM all on the GPU (the reference ids), then reap-swap at 38 slots
 per layer -- after a calibration swap (``reap_30``), with the online cache (``reap_30_cache``) and in
-RAM-complement mode (``reap_30_ram``). vLLM's dummy loader leaves integer parameters (the packed int4
+RAM-complement mode (``reap_30_ram``), and stock ``cpu_offload_gb`` at the same GPU expert bytes
+(``stock_offload``: recorded, not judged). vLLM's dummy loader leaves integer parameters (the packed int4
 weights) uninitialized, so every arm fills them with the same seeded bits before Marlin repacks them
 (``dummy_weights.deterministic_int_dummies``). Every reap arm must load (the packed weights banked, scales
 and shape records beside the bank, 168 physical rows here) and generate greedy ids identical to stock
@@ -33,6 +34,8 @@ from reap_swap.benchmarks.quant_check import ARMS, MAX_ROWS, Raw, add_common_arg
 __all__ = ["ARMS", "PACKED", "main", "problems"]
 
 PACKED = ("w13_weight_packed", "w2_weight_packed", "w13_qweight", "w2_qweight")
+W4_WEIGHT_BYTES = 0.5 + 2 / 128
+"""A W4A16 weight on the GPU: 4 bits, plus a bf16 scale per group of 128 (stock offload's cpu_offload_gb)."""
 
 
 def problems(raw: Raw, slots: int, quantized: bool = True) -> list[str]:
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap, "benchmarks/results/gpu_w4_check.json")
     a = ap.parse_args(argv)
     quant = {} if a.quantization == "none" else {"quantization": a.quantization}  # not a bench-gpu flag: set on the arms' specs
-    return run_check(ap, a, label="W4", bench_flags=[], spec_extra=quant,
+    return run_check(ap, a, label="W4", bench_flags=[], spec_extra=quant, weight_bytes=None if a.quantization == "none" else W4_WEIGHT_BYTES,
                      problems=lambda raw: problems(raw, a.slots, quantized=a.quantization != "none"),
                      kernel_keys=("quant_method", "fused_experts", "w13_weight"))
 

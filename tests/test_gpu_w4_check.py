@@ -80,3 +80,22 @@ def test_gpu_w4_check_names_what_failed() -> None:
     assert any(b.startswith("reap_30_ram: identical_ids=False") for b in bad) and any(b.startswith("reap_30_cache: unexpected bank") for b in bad)
     plain = {"stock_gpu": {"tokens_bs1": [1]}, "reap_30": {**good, "int_dummies_patched": None, "moe_kernel": {"bank": {**bank, "side": {}}}}}
     assert mod.problems(plain, 38, quantized=False) == [], "the unquantized smoke run has no side tensors and no integer fill"
+
+
+def test_stock_offload_is_recorded_not_judged() -> None:
+    """Stock cpu_offload_gb failing on Marlin weights is what the check reports about stock vLLM, not a failure of ours."""
+    from reap_swap.benchmarks import quant_check
+
+    mod = _script()
+    bank = {"slots": 38, "physical_rows": 168, "banked": ["w13_weight_packed"], "side": {"w13_weight_scale": [168, 16, 1536]}}
+    good = {"moe_kernel": {"bank": bank}, "identical_ids": True, "identical_ids_bs8": True, "int_dummies_patched": True}
+    broken = {"error": "RuntimeError: b_q_weight is not on GPU", "spec": {"offload_gib": 2.37}}
+    raw = {"stock_gpu": {"tokens_bs1": [1, 2], "int_dummies_patched": True}, "reap_30": good, "stock_offload": broken}
+    assert mod.problems(raw, 38) == []
+    seen = quant_check.observed(raw)["stock_offload"]
+    assert seen["served"] is False and "b_q_weight" in seen["error"] and seen["offload_gib"] == 2.37
+    raw["stock_offload"] = {"tokens_bs1": [1, 2], "bs1": {"decode_tok_s": 40.0}, "identical_ids": True, "spec": {"offload_gib": 2.37}}
+    seen = quant_check.observed(raw)["stock_offload"]
+    assert seen["served"] is True and seen["decode_tok_s_bs1"] == 40.0 and seen["decode_tok_s_bs8"] is None
+    assert quant_check.observed({"stock_gpu": {}}) == {}, "not asked for: not reported"
+    assert mod.W4_WEIGHT_BYTES * 128 == 66, "64 bytes of int4 and one bf16 scale per 128 weights"
