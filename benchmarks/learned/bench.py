@@ -64,10 +64,10 @@ from ..shapes import MoeShape
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement",
         "reap_cache_complement", "reap_static_cpu", "reap_fast", "reap_fast_classifier", "bf16_reap_fast")
 CUDA_ONLY = ("reap_static_cpu", "reap_fast", "reap_fast_classifier", "bf16_reap_fast")
+"""Arms that run the CPU expert path (CUDA only): not in the default list, asked for by name."""
 UNQUANTIZED = ("bf16_reap_fast",)
 """Arms of a ``--quantization`` run that serve the unquantized model (the same workload): the bf16
 baseline of ``ratios.<q>_fast_vs_bf16_fast_*`` (issue 27), measured beside the quantized arms."""
-"""Arms that run the CPU expert path (CUDA only): not in the default list, asked for by name."""
 PROFILED = ("stock_gpu", "stock_offload", "reap_static", "reap_cache", "reap_cache_complement", "reap_static_cpu", "reap_fast")
 """Arms profiled after their timing (syncs and launches per decode step, batch 1)."""
 RUNNER = "reap_swap.benchmarks.learned.arm"
