@@ -32,6 +32,7 @@ SPLIT = "split_kernel_h200.json"
 H100_V1 = "bench_gpu_learned_v1_beside_v2.json"
 H100_V2 = "bench_gpu_learned_v2.json"
 H100_FAST = "bench_gpu_fast_h100.json"
+H100_GRAPHS = "bench_gpu_fast_graphs_h100.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
@@ -69,6 +70,8 @@ class Machine:
     (its split program left out: ``cpu_layer`` prices it)."""
     batches: tuple[int, ...] = (1, 8)
     """The batch sizes the run timed: 1, 8 and any ``--extra-batches`` (its spec's ``extra_batches``)."""
+    cache_arm: str = "reap_cache"
+    """The arm whose profile and knobs give the online cache's (its policy program runs the same in the fast mode)."""
 
 
 H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
@@ -83,9 +86,12 @@ def _h100(name: str, run: str, **kw: Any) -> Machine:
 
 
 MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2": _h100("h100-30b-a3b-v2", H100_V2),
-            "h100-fast": _h100("h100-30b-a3b-fast", H100_FAST, spec_arm="reap_static_cpu", batches=(1, 8, 32))}
+            "h100-fast": _h100("h100-30b-a3b-fast", H100_FAST, spec_arm="reap_static_cpu", batches=(1, 8, 32)),
+            "h100-graphs": _h100("h100-30b-a3b-graphs", H100_GRAPHS, spec_arm="reap_static_cpu", batches=(1, 8, 32),
+                          cache_arm="reap_fast")}
 """``simulate --machine``: the H200 runs (issue 25's table), the H100 run of 2026-12-06 on v1's and v2's traces, and the
-H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec)."""
+H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec), and
+the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm lost with the machine)."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:
@@ -153,7 +159,7 @@ def _sets(block: Mapping[str, Any]) -> dict[int, np.ndarray]:
 
 def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: int, machine: Machine = H200) -> Arm:
     """``arm``'s rules as the run set them (the cache's knobs and the split's cost model from the run JSONs)."""
-    oc = src.get(machine.learned, "arms.reap_cache.online_cache")
+    oc = src.get(machine.learned, f"arms.{machine.cache_arm}.online_cache")
     cache = CacheRule(int(oc["cap"]), float(oc["decay"]), oc["hysteresis"], float(oc["prior_weight"]))
     cm = src.get(machine.learned_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
     # runs before issue 26 name no step sizes past max_tokens: their larger steps sent every miss to the link
@@ -189,7 +195,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
     link = float(src.get(*machine.link, "link_GBps"))
     kernels = {k: v for k, v in src.get(run, f"arms.{machine.spec_arm}.reap_kernels", "reap_step_ms").items() if k != "_split_kernel"}
     src.used["reap_step_ms"]["value"] = kernels  # the split program is priced by cpu_layer_ms
-    cache_k = src.get(run, "arms.reap_cache.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
+    cache_k = src.get(run, f"arms.{machine.cache_arm}.reap_kernels._policy_kernel.device_us_per_step", "cache_layer_ms")
     cm = src.get(run_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")
     for name, key in (("cpu_fixed_ms", "cpu_fixed_s"), ("cpu_pair_ms", "cpu_per_pair_s")):
         src.get(run_cpu, f"raw.reap_static_cpu.cpu_path_bs1.cost_model.{key}", name)
@@ -228,7 +234,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
         steps = [s for s in replay(trace, workload(src, trace, sets, "stock_gpu", bs, machine), rules, eb, 1) if s.timed]
         resident = float(np.median([s.counts.resident.sum() for s in steps]))
         base.append((bs, measured - resident * eb / 1e6 / hbm))
-    promote_us = src.get(run, "arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step")
+    promote_us = src.get(run, f"arms.{machine.cache_arm}.reap_kernels._promote_kernel.device_us_per_step")
     prov = {
         "machine": machine.name,
         "measured": src.used,
@@ -241,7 +247,7 @@ def calibrate(trace: RoutingTrace, sets: dict[str, Any], results: Path, machine:
             "cpu_fixed_ms and cpu_pair_ms are the server's split settings (REAP_CPU_EXPERTS_FIXED_US / _PAIR_US defaults), not measurements",
             "promote_GBps = the host-row read rate; the promotion kernel's profiled device time is in promote_crosscheck",
         ],
-        "promote_crosscheck": f"{run} arms.reap_cache.reap_kernels._promote_kernel.device_us_per_step = {promote_us:.0f} us over profiled steps",
+        "promote_crosscheck": f"{run} arms.{machine.cache_arm}.reap_kernels._promote_kernel.device_us_per_step = {promote_us:.0f} us over profiled steps",
     }
     return clock.replace(base_ms=tuple(base), fitted=("base_ms",), provenance=prov)
 
