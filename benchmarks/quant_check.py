@@ -60,15 +60,16 @@ def arm_problems(raw: Raw, bank_problem: Callable[[dict[str, Any]], str | None],
     return out
 
 
-def observed(raw: Raw) -> dict[str, dict[str, Any]]:
-    """Per observed stock arm: whether it served, its decode tok/s and whether its ids equal stock all-GPU's."""
+def observed(raw: Raw, offload_gib: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per observed stock arm: whether it served, its decode tok/s and whether its ids equal stock all-GPU's.
+    ``offload_gib``: each arm's ``cpu_offload_gb`` as asked (from its spec: a crashed arm may have saved none)."""
     out: dict[str, dict[str, Any]] = {}
     for name in OBSERVED:
         r = raw.get(name)
         if r is None:
             continue
         out[name] = {"served": not r.get("error") and r.get("tokens_bs1") is not None, "error": r.get("error"),
-                     "offload_gib": (r.get("spec") or {}).get("offload_gib"),
+                     "offload_gib": offload_gib.get(name),
                      **{f"decode_tok_s_{bs}": (r.get(bs) or {}).get("decode_tok_s") for bs in ("bs1", "bs8")},
                      "identical_ids": r.get("identical_ids"), "identical_ids_bs8": r.get("identical_ids_bs8")}
     return out
@@ -111,7 +112,9 @@ def run_check(ap: argparse.ArgumentParser, a: argparse.Namespace, *, label: str,
                                  "--slots-fraction", str(a.slots / shape.experts), "--deadline-s", str(a.deadline_s)])
     model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if a.device == "cuda" else "float32")
     stock, reap, offload = gpu_bench.build_specs(args, model_dir)
-    if weight_bytes is not None:  # bench-gpu sized it for bf16 weights
+    if weight_bytes is not None:  # bench-gpu sized it for bf16 weights (no --quantization among bench_flags)
+        if "--quantization" in bench_flags:
+            raise ValueError("weight_bytes is for a scheme bench-gpu cannot size: not with --quantization (sized twice)")
         offload = {**offload, "offload_gib": offload["offload_gib"] * weight_bytes / shape.dtype_bytes}
     specs = [{**stock, **spec_extra}] + [{**offload, **spec_extra} if n in OBSERVED else
                                          {**reap, **spec_extra, "name": n, "env": EXTRA_ENV.get(n, {})} for n in arms[1:]]
@@ -122,7 +125,7 @@ def run_check(ap: argparse.ArgumentParser, a: argparse.Namespace, *, label: str,
         print(f"{name}: error={r.get('error')} identical_ids={r.get('identical_ids')} identical_ids_bs8={r.get('identical_ids_bs8')} "
               f"kernel={'/'.join(str(mk.get(k)) for k in kernel_keys)} bank={mk.get('bank')}", flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    seen = observed(raw)
+    seen = observed(raw, {s["name"]: s["offload_gib"] for s in specs if s.get("offload_gib")})
     for name, o in seen.items():
         print(f"{name} (observed, not judged): served={o['served']} error={o['error']} tok/s bs1={o['decode_tok_s_bs1']} "
               f"bs8={o['decode_tok_s_bs8']} identical_ids={o['identical_ids']}", flush=True)

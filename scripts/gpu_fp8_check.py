@@ -4,7 +4,10 @@ The 30B-A3B shape (24 layers, vLLM dummy weights) with FP8 experts, in fresh pro
 arms): stock vLLM all on the GPU (the reference ids), then reap-swap at 38 slots per layer -- after a
 calibration swap (``reap_30``), with the online cache (``reap_30_cache``) and in RAM-complement mode
 (``reap_30_ram``). Every reap arm must load (the bank within vLLM's 992 physical rows: 168 here, the
-scales beside it) and generate greedy ids identical to stock FP8's, batch 1 and batch 8.
+scales beside it) and generate greedy ids identical to stock FP8's, batch 1 and batch 8. Last, stock
+``cpu_offload_gb`` at the same GPU expert bytes (``stock_offload``, on by default): recorded under the
+JSON's ``observed`` (FP8 quantized at load failed there with "Cannot copy out of meta tensor" on vLLM 0.26;
+the fp8-block config served), never a failure of the check.
 
     python scripts/gpu_fp8_check.py --quantization fp8 --out benchmarks/results/gpu_fp8_check.json
     python scripts/gpu_fp8_check.py --quantization fp8-block --out benchmarks/results/gpu_fp8_block_check.json

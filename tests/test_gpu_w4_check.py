@@ -92,10 +92,11 @@ def test_stock_offload_is_recorded_not_judged() -> None:
     broken = {"error": "RuntimeError: b_q_weight is not on GPU", "spec": {"offload_gib": 2.37}}
     raw = {"stock_gpu": {"tokens_bs1": [1, 2], "int_dummies_patched": True}, "reap_30": good, "stock_offload": broken}
     assert mod.problems(raw, 38) == []
-    seen = quant_check.observed(raw)["stock_offload"]
+    seen = quant_check.observed(raw, {"stock_offload": 2.37})["stock_offload"]
     assert seen["served"] is False and "b_q_weight" in seen["error"] and seen["offload_gib"] == 2.37
-    raw["stock_offload"] = {"tokens_bs1": [1, 2], "bs1": {"decode_tok_s": 40.0}, "identical_ids": True, "spec": {"offload_gib": 2.37}}
-    seen = quant_check.observed(raw)["stock_offload"]
+    raw["stock_offload"] = {"tokens_bs1": [1, 2], "bs1": {"decode_tok_s": 40.0}, "identical_ids": True, "identical_ids_bs8": False}
+    assert mod.problems(raw, 38) == [], "served with other ids and no bank: still stock's own outcome"
+    seen = quant_check.observed(raw, {"stock_offload": 2.37})["stock_offload"]
     assert seen["served"] is True and seen["decode_tok_s_bs1"] == 40.0 and seen["decode_tok_s_bs8"] is None
-    assert quant_check.observed({"stock_gpu": {}}) == {}, "not asked for: not reported"
+    assert quant_check.observed({"stock_gpu": {}}, {}) == {}, "not asked for: not reported"
     assert mod.W4_WEIGHT_BYTES * 128 == 66, "64 bytes of int4 and one bf16 scale per 128 weights"

@@ -371,13 +371,16 @@ def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(
             assert r["prediction"] and r["measured_ms"] is None
             continue
         if run["arms"][r["arm"]].get("error"):  # h100-graphs: its stock offload arm was lost with the machine
-            assert r["measured_ms"] is None and r["simulated_ms"] > 0, "an arm the run lost is simulated, never given a measurement"
+            assert r["measured_ms"] is None and r["simulated_ms"] > 0 and r["prediction"], "a lost arm is simulated, never measured"
             continue
         if r["arm"].startswith("reap_fast") or r["arm"] == "reap_cache":  # the replay's hit rate is the run's, arm by arm
             key = "hit_rate_decode" if r["batch"] == 1 else f"hit_rate_decode_bs{r['batch']}"
             assert r["simulated_hit_rate_decode"] == pytest.approx(run["arms"][r["arm"]][key], abs=0.002), (r["arm"], r["batch"])
         assert r["measured_ms"] is not None, "every arm the H100 run measured has its step"
     assert sorted({r["batch"] for r in report["rows"]}) == list(MACHINES[machine].batches)
+    lost = sorted(a for a, v in run["arms"].items() if v.get("error"))
+    assert lost == (["stock_offload"] if machine == "h100-graphs" else [])
+    assert all(sum(r["arm"] == a for r in report["rows"]) == len(MACHINES[machine].batches) for a in lost), "a lost arm keeps its rows"
 
 
 def test_background_promotions_take_cpu_experts_only_with_link_room() -> None:
