@@ -21,6 +21,9 @@ W4A16_CONFIG = {
 }
 """What W4A16 checkpoints of Qwen3-MoE carry (llm-compressor's ``W4A16`` preset): every Linear 4-bit but the
 head and the router (``mlp.gate``, which ``llm_probe.reseed_gates`` rewrites in the model dtype)."""
+WEIGHT_BYTES = {"fp8": 1.0, "fp8-block": 1.0, "w4a16": 0.5 + 2 / 128}
+"""Bytes an expert weight takes on the GPU per scheme (W4A16: 4 bits plus a bf16 scale per group of 128): what
+stock offload's ``cpu_offload_gb`` is sized by to leave the reap arms' GPU expert bytes."""
 
 
 def deterministic_int_dummies(seed: int = 1234) -> bool:

@@ -57,6 +57,7 @@ from .learned.arm import without_refs
 from . import tp as tpm
 from .gpu_report import acceptance, arm_summary, first_diff, law_check, markdown, prompt_lens, ratios, run_header
 from .profile_counts import PROFILE_MARGIN
+from .dummy_weights import WEIGHT_BYTES
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
@@ -92,7 +93,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         base["prompt_lens"] = list(args.prompt_lens)
     if args.quantization:
         base["quantization"] = args.quantization
-    offload = shape.offload_gib_for_slots(slots30) * (1 / shape.dtype_bytes if args.quantization else 1.0)  # FP8: 1 byte a weight
+    offload = shape.offload_gib_for_slots(slots30) * (WEIGHT_BYTES[args.quantization] / shape.dtype_bytes if args.quantization else 1.0)
     offload = tpm.offload_gib_per_rank(offload, args.tensor_parallel_size)  # cpu_offload_gb is per GPU; each rank holds 1/N of every expert
     specs = {
         "stock_gpu": {**base, "name": "stock_gpu", "kind": "stock", "profile_steps": args.profile_steps},

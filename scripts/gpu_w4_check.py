@@ -34,8 +34,6 @@ from reap_swap.benchmarks.quant_check import ARMS, MAX_ROWS, Raw, add_common_arg
 __all__ = ["ARMS", "PACKED", "main", "problems"]
 
 PACKED = ("w13_weight_packed", "w2_weight_packed", "w13_qweight", "w2_qweight")
-W4_WEIGHT_BYTES = 0.5 + 2 / 128
-"""A W4A16 weight on the GPU: 4 bits, plus a bf16 scale per group of 128 (stock offload's cpu_offload_gb)."""
 
 
 def problems(raw: Raw, slots: int, quantized: bool = True) -> list[str]:
@@ -61,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap, "benchmarks/results/gpu_w4_check.json")
     a = ap.parse_args(argv)
     quant = {} if a.quantization == "none" else {"quantization": a.quantization}  # not a bench-gpu flag: set on the arms' specs
-    return run_check(ap, a, label="W4", bench_flags=[], spec_extra=quant, weight_bytes=None if a.quantization == "none" else W4_WEIGHT_BYTES,
+    return run_check(ap, a, label="W4", bench_flags=[], spec_extra=quant,
                      problems=lambda raw: problems(raw, a.slots, quantized=a.quantization != "none"),
                      kernel_keys=("quant_method", "fused_experts", "w13_weight"))
 

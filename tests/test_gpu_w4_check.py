@@ -84,7 +84,7 @@ def test_gpu_w4_check_names_what_failed() -> None:
 
 def test_stock_offload_is_recorded_not_judged() -> None:
     """Stock cpu_offload_gb failing on Marlin weights is what the check reports about stock vLLM, not a failure of ours."""
-    from reap_swap.benchmarks import quant_check
+    from reap_swap.benchmarks import dummy_weights, quant_check
 
     mod = _script()
     bank = {"slots": 38, "physical_rows": 168, "banked": ["w13_weight_packed"], "side": {"w13_weight_scale": [168, 16, 1536]}}
@@ -99,4 +99,4 @@ def test_stock_offload_is_recorded_not_judged() -> None:
     seen = quant_check.observed(raw, {"stock_offload": 2.37})["stock_offload"]
     assert seen["served"] is True and seen["decode_tok_s_bs1"] == 40.0 and seen["decode_tok_s_bs8"] is None
     assert quant_check.observed({"stock_gpu": {}}, {}) == {}, "not asked for: not reported"
-    assert mod.W4_WEIGHT_BYTES * 128 == 66, "64 bytes of int4 and one bf16 scale per 128 weights"
+    assert dummy_weights.WEIGHT_BYTES["w4a16"] * 128 == 66, "64 bytes of int4 and one bf16 scale per 128 weights"
