@@ -28,7 +28,8 @@ import torch
 from reap_swap.planning import traces
 from reap_swap.server_ext.bank.cuda_vmm import VmmBacking
 from reap_swap.server_ext.cache.online_cache import CacheParams, LayerCache
-from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
+from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath
+from reap_swap.server_ext.cpu_experts.rates import measure_cpu_GBps, measure_link_GBps
 from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.kernel import CpuThreads
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split

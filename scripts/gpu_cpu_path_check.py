@@ -28,7 +28,8 @@ from reap_swap.server_ext.cpu_experts.cuda_host import MappedStaging
 from reap_swap.server_ext.cpu_experts.kernel import CpuThreads, silu_and_mul_bf16
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
 from reap_swap.server_ext.cpu_experts.step import BankRows
-from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath, measure_cpu_GBps, measure_link_GBps
+from reap_swap.server_ext.cpu_experts.cpu_path import CpuPathSettings, LayerCpuPath
+from reap_swap.server_ext.cpu_experts.rates import measure_cpu_GBps, measure_link_GBps
 from reap_swap.server_ext.bank.cuda_vmm import VmmBacking
 
 E, H, I, S, K = 32, 2048, 768, 8, 8

@@ -41,8 +41,8 @@ from . import config as reap_config
 from .step.arena import arena_for
 from .bank.bank import ComplementSpec, ExpertBank, PlainBacking
 from .step import logical_experts
-from .cpu_experts.cpu_path import (CpuPathConfigError, CpuPathSettings, LayerCpuPath, check_expert_weights, measure_cpu_GBps,
-                                   measure_link_GBps)
+from .cpu_experts.cpu_path import CpuPathConfigError, CpuPathSettings, LayerCpuPath, check_expert_weights
+from .cpu_experts.rates import measure_cpu_GBps, measure_link_GBps
 from .cache.online_cache import CacheParams, LayerCache
 from .cache.prefill_staging import StagingParams, stage_step
 from .step.routing_kernels import remap_and_capture

@@ -23,6 +23,7 @@ from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
 from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, LayerCpuPath, summarize as cpu_path_summary
+from .cpu_experts.rates import RATE_CHECK_STEPS, rerate, tracker_for
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -64,6 +65,9 @@ class WorkerResidency:
         self.steps_attributed = 0
         self.steps_unattributed = 0
         self.cpu_timeout_steps = 0
+        # the CPU's rate re-derived from the team's counters while serving (rates.py); None: no CPU path or a rate the user set
+        self.cpu_rates = tracker_for(next(iter(self.cpu_paths.values()))) if self.cpu_paths else None
+        self.steps_since_rate_check = 0
         self.reads: dict[str, int] = {"reap_state": 0, "reap_router_misses": 0}
         """Report reads this worker served, by RPC: what ``/metrics``' single read is checked against."""
         self.regions = host_regions(self.banks)
@@ -223,8 +227,9 @@ class WorkerResidency:
         first = next(iter(self.cpu_paths.values()))
         cost = first.cost
         return {"enabled": True, "layers": len(self.cpu_paths), **dict(zip(CPU_PATH_COUNTERS, totals)),
-                # what the split decides by: rates measured at start-up unless the user set them
+                # what the split decides by: rates measured at start-up unless the user set them, the CPU's re-rated while serving
                 "measured": dict(first.measured),
+                "rate_updates": list(first.rate_updates),  # the CPU GB/s the split took while serving, newest last
                 "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "max_tokens": cost.max_tokens,
                                "max_step_tokens": cost.step_tokens, "pair_budget": cost.pair_budget},
                 "composed_with_online_cache": bool(self.caches)}
@@ -254,8 +259,25 @@ class WorkerResidency:
                          "(%d steps with timeouts so far)", layers, n)
         return layers
 
+    def check_cpu_rate(self) -> float | None:
+        """Every ``RATE_CHECK_STEPS`` steps: re-rate the split's CPU pipe when the team's own rate moved (``rates.py``)."""
+        if self.cpu_rates is None:
+            return None
+        self.steps_since_rate_check += 1
+        if self.steps_since_rate_check < RATE_CHECK_STEPS:
+            return None
+        self.steps_since_rate_check = 0
+        paths = list(self.cpu_paths.values())
+        before = paths[0].cost.cpu_GBps
+        rate = rerate(paths, self.cpu_rates)
+        if rate is not None:
+            logger.info("reap-swap CPU expert path: the team computed at %.1f GB/s over its last %d jobs; the split's CPU rate "
+                        "goes from %.1f to %.1f GB/s", rate, self.cpu_rates.window_jobs, before, rate)
+        return rate
+
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
         self.check_cpu_timeouts()
+        self.check_cpu_rate()
         acct = self.accounting
         finished = getattr(scheduler_output, "finished_req_ids", None)
         if acct.enabled:

@@ -15,6 +15,7 @@ import torch
 
 from reap_swap.server_ext.cpu_experts import cpu_path as cp
 from reap_swap.server_ext.cpu_experts import kernel as K
+from reap_swap.server_ext.cpu_experts import rates
 from reap_swap.server_ext.cpu_experts.split import CostModel, plan_split
 from reap_swap.server_ext.cpu_experts.step import BankRows
 from reap_swap.server_ext.launcher import build_parser, plan_env
@@ -208,7 +209,7 @@ def test_a_step_that_never_reaches_the_merge_is_reported() -> None:
 def test_cpu_calibration_reads_distinct_experts() -> None:
     bank, _ = _layer(e=32)
     path = cp.LayerCpuPath(bank, 4, 0, cp.CpuPathSettings(enabled=True), CostModel(link_GBps=50, cpu_GBps=50), K.CpuThreads(1), torch.device("cpu"))
-    assert cp.measure_cpu_GBps(path, repeats=2) > 0
+    assert rates.measure_cpu_GBps(path, repeats=2) > 0
     assert path.stats()["calls"] == 0  # calibration leaves no counts behind
 
 

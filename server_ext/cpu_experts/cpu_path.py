@@ -25,8 +25,7 @@ steps; on the host the jobs' busy time and bytes (CPU GB/s achieved).
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import torch
@@ -47,6 +46,7 @@ ENV_MAX_TOKENS = "REAP_CPU_EXPERTS_MAX_TOKENS"
 ENV_MAX_STEP_TOKENS = "REAP_CPU_EXPERTS_MAX_STEP_TOKENS"
 ENV_PAIR_BUDGET = "REAP_CPU_EXPERTS_PAIR_BUDGET"
 COUNTERS = ("missed_experts", "cpu_experts", "missed_pairs", "cpu_pairs", "wait_timeouts")
+RATE_UPDATES_KEPT = 16
 MAX_STEP_PAIRS = 256  # (tokens x top-k) of the largest step the path joins: its tables and the split's keys are sized for it
 # Steps of 9-32 tokens (batched decode) join under the pair budget by default: at batch 32 many missed experts
 # get one or two tokens, and the CPU's cost of such an expert is its bytes, like the link's. The split of such a
@@ -202,6 +202,8 @@ class LayerCpuPath:
         self.cost = cost
         self._pending: torch.Tensor | None = None
         self.measured: dict[str, float] = {}
+        self.rate_updates: list[float] = []
+        """CPU GB/s the cost model took while serving, newest last (``set_cpu_GBps``)."""
         self.wait_limit = WAIT_POLLS
         # set by the merge kernel when it gave up waiting for the team (mapped: read without a sync)
         self._timeout_flag_host, self._timeout_flag = self.step_job.staging.alloc((1,), torch.int32)
@@ -233,9 +235,25 @@ class LayerCpuPath:
             raise ValueError(f"the cost model's steps (up to {cost.step_tokens} tokens, {most} CPU pairs) do not fit the "
                              f"layer's tables ({self.rows} tokens, {cap} CPU pairs)")
         self._cost = cost
+        self.cost_tensor = torch.tensor(self._cost_row(cost), dtype=torch.float64, device=self.device)
+
+    def _cost_row(self, cost: CostModel) -> list[float]:
+        """What the fused split reads: link s per expert, CPU fixed s, CPU s per expert, CPU s per pair."""
         b = self.bank.expert_bytes
-        self.cost_tensor = torch.tensor([b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9),
-                                         cost.cpu_per_pair_s], dtype=torch.float64, device=self.device)
+        return [b / (cost.link_GBps * 1e9), cost.cpu_fixed_s, cost.cpu_per_expert_s + b / (cost.cpu_GBps * 1e9), cost.cpu_per_pair_s]
+
+    def set_cpu_GBps(self, cpu_GBps: float) -> None:
+        """Re-rate the CPU pipe while serving (``rates.py``). The fused split reads ``cost_tensor`` by address, so
+        captured graphs keep it and only its CPU-per-expert word changes: one stream-ordered 8-byte copy from
+        pinned memory, no host sync. A split that reads it meanwhile sees the old rate or the new one."""
+        cost = replace(self._cost, cpu_GBps=float(cpu_GBps))  # validates the rate
+        self._cost = cost
+        word = torch.tensor(self._cost_row(cost)[2:3], dtype=torch.float64)
+        if self.cost_tensor.is_cuda:
+            word = word.pin_memory()
+        self.cost_tensor[2:3].copy_(word, non_blocking=True)
+        self.rate_updates.append(float(cpu_GBps))
+        del self.rate_updates[:-RATE_UPDATES_KEPT]
 
     def takes(self, num_tokens: int) -> bool:
         """Whether a step of this many tokens (the graph's size) runs the split: up to the cost model's largest step."""
@@ -326,47 +344,6 @@ class LayerCpuPath:
         self.step_job.reset_stats()
 
 
-def measure_cpu_GBps(path: LayerCpuPath, repeats: int = 3) -> float:
-    """Weight GB/s of the CPU step at batch 1 on this layer's own host rows (best of N), posted from the host.
-
-    Each repetition computes ``top_k`` experts not read by the previous one, so the rate is DRAM's,
-    not the last-level cache's.
-    """
-    job, e = path.step_job, path.bank.num_experts
-    k = min(path.top_k, e)
-    device = job.ids.device
-    x = torch.zeros(1, path.bank.hidden, dtype=torch.bfloat16, device=device)
-    times: list[float] = []
-    for r in range(repeats + 1):
-        ids = ((torch.arange(k) + r * k) % e).to(torch.int32).view(1, k).to(device)
-        job.stage(x, ids, torch.ones(1, k, device=device), torch.ones(1, k, dtype=torch.bool, device=device))
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        t = time.perf_counter()
-        job.run(1)
-        times.append(time.perf_counter() - t)
-    job.reset_stats()
-    return k * path.bank.expert_bytes / min(times[1:]) / 1e9
-
-
-def measure_link_GBps(host_rows: torch.Tensor, repeats: int = 3) -> float:
-    """A device kernel reading host rows over the link (what a miss costs), best of N."""
-    rows = host_rows[: min(8, host_rows.shape[0])]
-    if rows.element_size() == 1:  # FP8 rows: read them as bf16 pairs (the sum's value is never used, only its bytes)
-        rows = rows.view(torch.bfloat16) if rows.shape[-1] % 2 == 0 else rows.view(torch.uint8)
-    rows.sum(dtype=torch.float32)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        rows.sum(dtype=torch.float32)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return rows.numel() * rows.element_size() / best / 1e9
-
-
 def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
     """Totals over a worker's layers: shares of misses the CPU computed, CPU GB/s achieved, the cost model."""
     if not paths:
@@ -385,6 +362,7 @@ def summarize(paths: list[LayerCpuPath]) -> dict[str, Any]:
         "bad_id_layers": [i for i, s in enumerate(per_layer) if s["status"]],
         "device_seq_in_step": paths[0].step_job.team.seq_in_step(),
         "measured": paths[0].measured,
+        "rate_updates": list(paths[0].rate_updates),  # CPU GB/s the split took while serving (rates.py), newest last
         "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "cpu_fixed_s": cost.cpu_fixed_s,
                        "cpu_per_pair_s": cost.cpu_per_pair_s, "max_tokens": cost.max_tokens,
                        "max_step_tokens": cost.step_tokens, "pair_budget": cost.pair_budget},
