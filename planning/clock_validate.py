@@ -14,7 +14,7 @@ the H100 run behind ``bench_gpu_fast_h100.json`` (v1's trace, batch 1, 8 and 32)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass, field as dataclass_field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,6 +33,7 @@ H100_V1 = "bench_gpu_learned_v1_beside_v2.json"
 H100_V2 = "bench_gpu_learned_v2.json"
 H100_FAST = "bench_gpu_fast_h100.json"
 H100_GRAPHS = "bench_gpu_fast_graphs_h100.json"
+H100_ONERUN_V1, H100_ONERUN_V2 = "bench_gpu_fast_v1_beside_v2_h100.json", "bench_gpu_fast_v2_h100.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
@@ -74,6 +75,9 @@ class Machine:
     cache_arm: str = "reap_cache"
     """The arm whose knobs (cap, decay, hysteresis, prior) and policy-program device time give the online cache's: the
     fast arm where a run has no reap_cache arm (same knobs; its program took 13 % longer a step on h100-fast)."""
+    own_split: bool = False
+    """Each CPU arm splits by its own run's cost model (its start-up probe), not static + CPU's: a run whose probes
+    disagreed (h100-onerun: the fast arm's read 28.7 GB/s, static + CPU's 92.1)."""
 
 
 H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
@@ -90,10 +94,14 @@ def _h100(name: str, run: str, **kw: Any) -> Machine:
 MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2": _h100("h100-30b-a3b-v2", H100_V2),
             "h100-fast": _h100("h100-30b-a3b-fast", H100_FAST, spec_arm="reap_static_cpu", batches=(1, 8, 32)),
             "h100-graphs": _h100("h100-30b-a3b-graphs", H100_GRAPHS, spec_arm="reap_static_cpu", batches=(1, 8, 32),
-                          cache_arm="reap_fast")}
+                          cache_arm="reap_fast"),
+            **{f"h100-onerun-{v}": _h100(f"h100-30b-a3b-onerun-{v}", run, spec_arm="reap_static_cpu", batches=(1, 8, 32), cache_arm="reap_fast",
+                                         own_split=True) for v, run in (("v1", H100_ONERUN_V1), ("v2", H100_ONERUN_V2))}}
 """``simulate --machine``: the H200 runs (issue 25's table), the H100 run of 2026-12-06 on v1's and v2's traces, and the
 H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec), and
-the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm lost with the machine)."""
+the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm lost with the machine), and the H100 run of
+2026-12-07 with every arm but reap_cache on v2's trace and v1's (one engine per arm, both workloads; each fast arm splits by its
+own probe's rates)."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:
@@ -172,6 +180,9 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
     if arm == "stock_offload":
         gib = float(src.get(machine.learned, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
+    if machine.own_split and arm in ("reap_fast", "reap_fast_classifier"):
+        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.cost_model")
+        cpu = replace(cpu, link_GBps=float(own["link_GBps"]), cpu_GBps=float(own["cpu_GBps"]))
     if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)
     if arm == "reap_fast_bg":
