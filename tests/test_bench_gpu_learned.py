@@ -159,6 +159,24 @@ def test_report_ratios_and_table() -> None:
     assert "| reap_static | 120.0 / 100.0 | 1.0 (2.0) |" in table and "reap_static_vs_stock_offload_bs1 | 3.000" in table
 
 
+@pytest.mark.parametrize("run, warned", [("bench_gpu_fast_v1_beside_v2_h100.json", True), ("bench_gpu_fast_graphs_h100.json", False)])
+def test_the_report_names_cpu_probes_that_disagree(run: str, warned: bool) -> None:
+    """Issue 25, 2026-12-07: the fast arm's start-up probe read 28.7 GB/s, static + CPU's 92.1 in the same run; the
+    table gives each CPU-path arm's probe, split rate and achieved rate, and warns when the probes are 1.3x apart."""
+    from reap_swap.benchmarks.learned.report import arm_summary, cpu_rates, probe_spread
+    from reap_swap.benchmarks.shapes import SHAPES
+
+    result = json.loads((REPO / "benchmarks" / "results" / run).read_text())
+    arms = {n: arm_summary(r, SHAPES["30b-a3b-24l"]) for n, r in result["raw"].items()}
+    assert cpu_rates(result["raw"]["stock_gpu"]) is None and arms["reap_fast"]["cpu_rates"]["team_GBps"] > 70
+    warning = probe_spread(arms)
+    assert (warning is not None) == warned
+    if warned:
+        assert "reap_fast 28.7" in warning and "reap_static_cpu 92.1" in warning
+    table = markdown({**result, "arms": arms})
+    assert "CPU path at batch 1, GB/s (start-up probe" in table and ("WARNING: the CPU-path arms' start-up probes disagree" in table) == warned
+
+
 def test_resume_reuses_only_finished_arms_of_the_same_spec(tmp_path: Path) -> None:
     from argparse import Namespace
 

@@ -90,12 +90,37 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "blocking_copies_per_decode_step": _get(raw, "profile", "blocking_copies"),
         "launches_per_decode_step": _get(raw, "profile", "launches"),
         "reap_kernels": _get(raw, "profile", "reap_kernels"),
+        "cpu_rates": cpu_rates(raw),
         "host_rss_gib": _get(raw, "host_memory", "rss_gib"),
         "host_peak_rss_gib": _get(raw, "host_memory", "peak_rss_gib"),
         "host_rss_gib_after_load": _get(raw, "host_memory_after_load", "rss_gib"),
         "host_peak_rss_gib_after_install": _get(raw, "host_memory_after_install", "peak_rss_gib"),
         "error": raw.get("error"),
     }
+
+
+PROBE_SPREAD = 1.3
+"""Arms of one run whose CPU probes differ by more than this factor: the report says so (issue 25, 2026-12-07: 28.7 against 92.1)."""
+
+
+def cpu_rates(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A CPU-path arm's CPU GB/s at batch 1: its start-up probe, what the split used at the end, what the team achieved,
+    and the re-ratings while serving; None without the CPU path."""
+    cp = raw.get("cpu_path_bs1") or {}
+    if not cp.get("enabled"):
+        return None
+    return {"probe_GBps": _get(cp, "measured", "cpu_GBps"), "split_GBps": _get(cp, "cost_model", "cpu_GBps"),
+            "team_GBps": cp.get("cpu_GBps_achieved"), "rate_updates": cp.get("rate_updates")}
+
+
+def probe_spread(arms: dict[str, dict[str, Any]]) -> str | None:
+    """A warning when the run's CPU-path arms probed the CPU at rates more than ``PROBE_SPREAD`` apart: their splits
+    then differ by the probe, not by the mode."""
+    probes = {n: r["probe_GBps"] for n, a in arms.items() if (r := a.get("cpu_rates")) and r.get("probe_GBps")}
+    if len(probes) < 2 or max(probes.values()) <= PROBE_SPREAD * min(probes.values()):
+        return None
+    return ("WARNING: the CPU-path arms' start-up probes disagree (" + ", ".join(f"{n} {v:.1f}" for n, v in probes.items())
+            + " GB/s): each split followed its own probe, so their gap is partly the probe's")
 
 
 def batch_keys(arms: dict[str, dict[str, Any]]) -> tuple[str, ...]:
@@ -284,6 +309,12 @@ def markdown(result: dict[str, Any]) -> str:
     if checked:
         lines += ["", "Trace replay checked (measured decode hit rate = offline, bs1 and bs8): "
                   + ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in checked.items()) + "."]
+    rated = {n: a["cpu_rates"] for n, a in result["arms"].items() if a.get("cpu_rates")}
+    if rated:
+        lines += ["", "CPU path at batch 1, GB/s (start-up probe / the split's rate at the end / the team's achieved): " + "; ".join(
+            f"{n} {_fmt(r['probe_GBps'])} / {_fmt(r['split_GBps'])} / {_fmt(r['team_GBps'])}" for n, r in rated.items()) + "."]
+        if (warning := probe_spread(result["arms"])) is not None:
+            lines += ["", warning + "."]
     profiled = [("", "batch 1 (torch.profiler)")] + [(f"_{b}", f"batch {b[2:]} (torch.profiler, one group decoding together)")
                                                      for b in batch_keys(result["arms"])[2:]]
     for sfx, label in profiled:
