@@ -23,7 +23,7 @@ from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
 from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, LayerCpuPath, summarize as cpu_path_summary
-from .cpu_experts.rates import RATE_CHECK_STEPS, rerate, tracker_for
+from .cpu_experts.rates import CpuRateCheck
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -66,8 +66,7 @@ class WorkerResidency:
         self.steps_unattributed = 0
         self.cpu_timeout_steps = 0
         # the CPU's rate re-derived from the team's counters while serving (rates.py); None: no CPU path or a rate the user set
-        self.cpu_rates = tracker_for(next(iter(self.cpu_paths.values()))) if self.cpu_paths else None
-        self.steps_since_rate_check = 0
+        self.cpu_rates = CpuRateCheck.for_paths(list(self.cpu_paths.values()))
         self.reads: dict[str, int] = {"reap_state": 0, "reap_router_misses": 0}
         """Report reads this worker served, by RPC: what ``/metrics``' single read is checked against."""
         self.regions = host_regions(self.banks)
@@ -259,25 +258,8 @@ class WorkerResidency:
                          "(%d steps with timeouts so far)", layers, n)
         return layers
 
-    def check_cpu_rate(self) -> float | None:
-        """Every ``RATE_CHECK_STEPS`` steps: re-rate the split's CPU pipe when the team's own rate moved (``rates.py``)."""
-        if self.cpu_rates is None:
-            return None
-        self.steps_since_rate_check += 1
-        if self.steps_since_rate_check < RATE_CHECK_STEPS:
-            return None
-        self.steps_since_rate_check = 0
-        paths = list(self.cpu_paths.values())
-        before = paths[0].cost.cpu_GBps
-        rate = rerate(paths, self.cpu_rates)
-        if rate is not None:
-            logger.info("reap-swap CPU expert path: the team computed at %.1f GB/s over its last %d jobs; the split's CPU rate "
-                        "goes from %.1f to %.1f GB/s", rate, self.cpu_rates.window_jobs, before, rate)
-        return rate
-
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
         self.check_cpu_timeouts()
-        self.check_cpu_rate()
         acct = self.accounting
         finished = getattr(scheduler_output, "finished_req_ids", None)
         if acct.enabled:
@@ -292,6 +274,12 @@ class WorkerResidency:
         if finished:
             acct.finish(finished)
         acct.poll()
+        if self.cpu_rates is not None:  # last: the step's accounting never waits on it
+            try:
+                self.cpu_rates.after_step()
+            except Exception:  # a report-side failure must not take the split with it: keep the rates as they are
+                logger.exception("reap-swap CPU expert path: re-rating the CPU failed; the split keeps its current rates")
+                self.cpu_rates = None
 
     def flush(self) -> None:
         """Book every request's sums so far into the ledger (blocks; for reports only)."""
@@ -507,7 +495,8 @@ class ReapWorkerExtension:
 
     def reap_cpu_path_stats(self, reset: bool = False) -> dict[str, Any]:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
-        paths = list(self._reap().cpu_paths.values())
+        rt = self._reap()
+        paths = list(rt.cpu_paths.values())
         out = cpu_path_summary(paths)
         if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
@@ -518,6 +507,8 @@ class ReapWorkerExtension:
         if reset:
             for p in paths:
                 p.reset_stats()
+            if rt.cpu_rates is not None:  # the team's counters start again: so does the re-rating's window
+                rt.cpu_rates.restart()
         return out
 
     def reap_cache_view(self) -> dict[str, Any]:

@@ -12,7 +12,8 @@ Imports ``bank`` (mapped rows) and ``config``; called by ``layer`` (per step) an
 # split plus staging as one CUDA program), ``kernel`` (the native expert kernel and its references),
 # ``step`` (one layer's CPU step as a native job the team takes), ``team`` (the process's pinned
 # native threads and the device-mapped mailbox the split kernel posts steps to and the merge kernel
-# polls), ``cuda_host`` (mapped staging buffers), ``cpu_path`` (settings, calibration and the
+# polls), ``cuda_host`` (mapped staging buffers), ``rates`` (the pipes' rates: probes at load, the CPU's re-rating
+# from the team's counters while serving), ``cpu_path`` (settings and the
 # per-layer path that puts them in a layer's forward; the merge into vLLM's per-k cache before
 # ``moe_sum`` keeps stock k-sum order).
 
