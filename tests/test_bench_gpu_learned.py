@@ -442,10 +442,10 @@ def test_cpu_also_trace_runs_both_workloads_on_one_engine(tmp_path: Path) -> Non
            "--sets", str(tmp_path / "learned128_t0.8.sets.json"), "--also-trace", str(v2), "--also-sets", str(tmp_path / "learned128_v2_t0.8.sets.json"),
            "--also-out", str(tmp_path / "v2.json"), "--trace-layers", ",".join(map(str, TRACE_LAYERS)), "--requests", "2", "--groups", "1",
            "--gen", "4", "--gen-bs8", "5", "--batch", "8", "--reps", "1", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "v1.json"),
-           "--deadline-s", "900", "--arms", "stock_gpu,reap_static", "--profile-steps", "0"]
+           "--deadline-s", "900", "--arms", "stock_gpu,reap_static,reap_cache", "--profile-steps", "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1000, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("bench-gpu: arm ") == 2  # one process per arm, both workloads inside it
+    assert proc.stdout.count("bench-gpu: arm ") == 3  # one process per arm, both workloads inside it
     v1r, v2r = (json.loads((tmp_path / f).read_text()) for f in ("v1.json", "v2.json"))
     assert v1r["context"]["trace_name"] == "learned128_t0.8" and v2r["context"]["trace_name"] == "learned128_v2_t0.8"
     assert v2r["settings"]["engine_shared_with"] == str(TRACE)
@@ -456,6 +456,20 @@ def test_cpu_also_trace_runs_both_workloads_on_one_engine(tmp_path: Path) -> Non
         assert static["replay_checked"] is True and abs(static["hit_rate_decode"] - static["hit_rate_decode_offline"]) < 1e-9
     assert v1r["arms"]["reap_static"]["hit_rate_decode"] != v2r["arms"]["reap_static"]["hit_rate_decode"]  # two workloads, not one twice
     assert v1r["arms"]["reap_static"]["llm_init_s"] == v2r["arms"]["reap_static"]["llm_init_s"]  # one engine build
+    # each workload's cache counters from its own start (the second's once included the first's: 2026-12-07's note)
+    caches = [r["arms"]["reap_cache"]["online_cache"] for r in (v1r, v2r)]
+    assert all(c["counters_from"].startswith("this workload's start") and c["promotions"] > 0 for c in caches)
+    assert all(c["promotion_link_bytes"] == c["promotions"] * v1r["raw"]["reap_cache"]["spec"]["expert_bytes"] for c in caches)
+
+
+def test_cache_counters_count_from_the_workloads_start() -> None:
+    from reap_swap.benchmarks.learned.cache_counts import cache_since
+
+    start = {"policy": "lfru", "cap": 4, "promotions": 100, "evictions": 90, "promotion_link_bytes": 1000}
+    end = {"policy": "lfru", "cap": 4, "promotions": 250, "evictions": 200, "promotion_link_bytes": 2500}
+    got = cache_since(end, start)
+    assert (got["promotions"], got["evictions"], got["promotion_link_bytes"], got["cap"], got["policy"]) == (150, 110, 1500, 4, "lfru")
+    assert cache_since({"promotions": 5}, {})["promotions"] == 5  # an engine's first workload: from zero
 
 
 @pytest.mark.vllm

@@ -30,6 +30,7 @@ import numpy as np
 from .. import tp as tpm
 from ..gpu_arm import Results, _engine_kwargs, _memory, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
 from ..step_profile import profile_decode
+from .cache_counts import cache_since, cache_states
 from .inputs import Batch, Target, TraceRequest, tp_of
 from .placement import stock_hits
 
@@ -360,6 +361,7 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
 
     reap = spec["kind"] == "reap"
     tp = tp_of(spec)
+    cache_start = cache_states(llm) if reap and spec.get("online_cache") else None
     bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
     bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
     extra = [(e["key"], [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in e["groups"]]) for e in spec.get("extra_batches") or []]
@@ -406,12 +408,12 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
                 routing.assign(rid, i)
             res.save(name, profile_decode(llm, [{"prompt_token_ids": prompts[i]} for i in indices], spec["profile_steps"], ids))
     if reap:
-        states = llm.collective_rpc("reap_state")
-        state = states[0]
-        if spec.get("online_cache"):
-            res.save("online_cache", {k: v for k, v in (state.get("online_cache") or {}).items() if k != "by_layer"})
+        state = llm.collective_rpc("reap_state")[0]
+        if cache_start is not None:
+            ends = [cache_since(end, start) for end, start in zip(cache_states(llm), cache_start)]
+            res.save("online_cache", ends[0])
             if tp > 1:
-                res.save("online_cache_by_rank", [{k: v for k, v in (s.get("online_cache") or {}).items() if k != "by_layer"} for s in states])
+                res.save("online_cache_by_rank", ends)
         res.save("complement", state.get("complement"))
     res.save("host_memory", process_memory())
     if tp > 1:
