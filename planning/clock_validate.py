@@ -76,8 +76,10 @@ class Machine:
     """The arm whose knobs (cap, decay, hysteresis, prior) and policy-program device time give the online cache's: the
     fast arm where a run has no reap_cache arm (same knobs; its program took 13 % longer a step on h100-fast)."""
     own_split: bool = False
-    """Each CPU arm splits by its own run's cost model (its start-up probe), not static + CPU's: a run whose probes
-    disagreed (h100-onerun: the fast arm's read 28.7 GB/s, static + CPU's 92.1)."""
+    """The fast arms split by their own start-up probe's rates (``cpu_path_bs1.measured``), not static + CPU's cost
+    model: a run whose probes disagreed (h100-onerun: the fast arm's read 28.7 GB/s, static + CPU's 92.1). A run with
+    re-rating (``server_ext/cpu_experts/rates.py``, after 2026-12-07) changed rates mid-run: its ``rate_updates`` would
+    need replaying, which this does not do."""
 
 
 H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
@@ -181,7 +183,7 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
         gib = float(src.get(machine.learned, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
     if machine.own_split and arm in ("reap_fast", "reap_fast_classifier"):
-        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.cost_model")
+        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.measured")  # its probe's rates (runs without re-rating split by them throughout)
         cpu = replace(cpu, link_GBps=float(own["link_GBps"]), cpu_GBps=float(own["cpu_GBps"]))
     if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)
