@@ -5,7 +5,8 @@
    equals the all-GPU per-(token, k) reference within bf16 tolerance, at T = 1 and 8, and past
    max_tokens (issue 26: T = 16 and 32 under a pair budget of 24; the CUDA split's CPU pairs equal
    ``plan_split``'s and never exceed the budget; T = 8 on the same path splits as before);
-3. the same steps captured in a CUDA graph, replayed on new inputs, still do;
+3. the same steps captured in a CUDA graph, replayed on new inputs, still do; and a captured step
+   re-rated with ``set_cpu_GBps`` (the serving-time re-rating) splits by the new rate on replay;
 4. time per layer step of 24 chained steps in one graph (the path's fixed cost) with and without
    CPU pairs at T = 1, and at T = 32 (256 pairs: the split's largest tables), and the CPU
    kernel's weight GB/s at batch 1 beside the host's memcpy.
@@ -19,6 +20,7 @@ import ctypes
 import json
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -136,6 +138,7 @@ def main(out_path: str) -> int:
             most = max(most, int(cpu_pairs.sum()))
         graphs[label] = {"replays": 5, "max_rel_err": max(errs), "cpu_pairs_last": int(cpu_pairs.sum()), "cpu_pairs_most": most,
                          "within_budget": most <= p.cost.pair_limit(t, K)}
+    graphs["rerated_T8"] = rerated_in_graph(bank, filler, g, dev, off, layer_step)
     res["graph"] = graphs
     res["step_stats"] = path.stats()
     res["step_stats_budgeted"] = big.stats()
@@ -150,6 +153,31 @@ def main(out_path: str) -> int:
     ok = res["host_rows_readable_by_cpu"] and all(v["max_rel_err"] < 2**-5 and v.get("within_budget", True) and v.get("split_equals_plan_split", True)
                                                   for v in checks.values())
     return 0 if ok else 1
+
+
+def rerated_in_graph(bank: BankRows, filler: int, g: torch.Generator, dev: torch.device, off: int, layer_step: Any) -> dict:
+    """A captured graph follows ``set_cpu_GBps`` (rates.py's re-rating while serving): split at a misread CPU rate (the
+    CPU gets nothing), re-rate, replay the same inputs: the CPU takes what plan_split gives it at the new rate, the
+    cost tensor keeps its address, the outputs stay within tolerance."""
+    settings = CpuPathSettings(enabled=True, max_tokens=8)
+    p = LayerCpuPath(bank, K, filler, settings, settings.cost(50.0, 0.01, top_k=K), CpuThreads.from_env(), dev, MappedStaging(dev))
+    sx, sids, sw = inputs(8, g, dev)
+    layer_step(sx, sids, sw, p)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        merged, cpu_pairs = layer_step(sx, sids, sw, p)
+    graph.replay()
+    torch.cuda.synchronize()
+    before, ptr = int(cpu_pairs.sum()), p.cost_tensor.data_ptr()
+    p.set_cpu_GBps(1000.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = plan_split(sids.cpu(), (sids < S).logical_not().cpu(), E, bank.expert_bytes, p.cost)
+    return {"cpu_pairs_before": before, "cpu_pairs_after": int(cpu_pairs.sum()), "max_rel_err": close(merged, reference(sx, sids, sw, bank)),
+            "same_cost_tensor": p.cost_tensor.data_ptr() == ptr,
+            "split_equals_plan_split": bool(torch.equal(cpu_pairs.cpu(), want.cpu_pairs)) and before == 0 and int(cpu_pairs.sum()) > 0
+            and p.cost_tensor.data_ptr() == ptr}
 
 
 def chain_timing(bank: BankRows, filler: int, settings: CpuPathSettings, g: torch.Generator, dev: torch.device, off: int, t: int) -> dict:
