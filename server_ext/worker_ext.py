@@ -23,7 +23,7 @@ from .step.accounting import RoutingAccounting
 from .bank.bank import ExpertBank, SwapStats
 from .step.capture import batch_layout
 from .cpu_experts.cpu_path import COUNTERS as CPU_PATH_COUNTERS, LayerCpuPath, summarize as cpu_path_summary
-from .cpu_experts.rates import CpuRateCheck
+from .cpu_experts.rates import CpuRateCheck, describe as describe_rerating
 from .bank.exchange import ExchangeCounters
 from .bank.host_memory import process_memory
 from .bank.host_rows import HostRegions
@@ -229,6 +229,7 @@ class WorkerResidency:
                 # what the split decides by: rates measured at start-up unless the user set them, the CPU's re-rated while serving
                 "measured": dict(first.measured),
                 "rate_updates": list(first.rate_updates),  # the CPU GB/s the split took while serving, newest last
+                "rerating": describe_rerating(self.cpu_rates, True),
                 "cost_model": {"link_GBps": cost.link_GBps, "cpu_GBps": cost.cpu_GBps, "max_tokens": cost.max_tokens,
                                "max_step_tokens": cost.step_tokens, "pair_budget": cost.pair_budget},
                 "composed_with_online_cache": bool(self.caches)}
@@ -259,27 +260,25 @@ class WorkerResidency:
         return layers
 
     def after_step(self, runner: Any, scheduler_output: Any) -> None:
-        self.check_cpu_timeouts()
-        acct = self.accounting
-        finished = getattr(scheduler_output, "finished_req_ids", None)
-        if acct.enabled:
-            layout = batch_layout(runner, scheduler_output)
-            if layout is None:
-                self.steps_unattributed += 1
-            elif layout.total:
-                acct.record_step(layout)
-                self.steps_attributed += 1
-        if self.staging:  # a layer writes its staged experts only in staged steps: the next step starts from none
-            self.arena.stage_rows.fill_(-1)
-        if finished:
-            acct.finish(finished)
-        acct.poll()
-        if self.cpu_rates is not None:  # last: the step's accounting never waits on it
-            try:
+        try:
+            self.check_cpu_timeouts()
+            acct = self.accounting
+            finished = getattr(scheduler_output, "finished_req_ids", None)
+            if acct.enabled:
+                layout = batch_layout(runner, scheduler_output)
+                if layout is None:
+                    self.steps_unattributed += 1
+                elif layout.total:
+                    acct.record_step(layout)
+                    self.steps_attributed += 1
+            if self.staging:  # a layer writes its staged experts only in staged steps: the next step starts from none
+                self.arena.stage_rows.fill_(-1)
+            if finished:
+                acct.finish(finished)
+            acct.poll()
+        finally:  # last, and whatever the accounting did: it guards itself (rates.CpuRateCheck)
+            if self.cpu_rates is not None:
                 self.cpu_rates.after_step()
-            except Exception:  # a report-side failure must not take the split with it: keep the rates as they are
-                logger.exception("reap-swap CPU expert path: re-rating the CPU failed; the split keeps its current rates")
-                self.cpu_rates = None
 
     def flush(self) -> None:
         """Book every request's sums so far into the ledger (blocks; for reports only)."""
@@ -497,7 +496,7 @@ class ReapWorkerExtension:
         """CPU expert path (REAP_CPU_EXPERTS): misses the CPU computed, its GB/s, the cost model."""
         rt = self._reap()
         paths = list(rt.cpu_paths.values())
-        out = cpu_path_summary(paths)
+        out = {**cpu_path_summary(paths), "rerating": describe_rerating(rt.cpu_rates, bool(paths))}
         if out.get("bad_id_layers"):  # the team cannot raise into the graph: it computed nothing for those steps
             logger.error("reap-swap CPU expert path: expert ids outside the layer's range in layers %s; their CPU outputs were not computed",
                          out["bad_id_layers"])

@@ -1,5 +1,5 @@
 """The CPU pipe's rate: the load-time probe's window, and re-rating the split from the team's own counters
-while serving (issue 25: a probe that read 28.7 GB/s against a team at 78-92 made the fast mode 25 % slower)."""
+while serving (issue 25: a probe read 28.7 GB/s, its team then achieved 77.8, and the fast mode ran 25 % slower)."""
 
 from __future__ import annotations
 
@@ -171,3 +171,29 @@ def test_the_cpu_probe_spans_its_window_of_distinct_jobs() -> None:
     with pytest.raises(ValueError, match="repeats"):
         rates.measure_cpu_GBps(path, repeats=0)
 
+
+
+@needs_native
+def test_a_failed_rerating_leaves_every_layer_on_one_rate_and_turns_itself_off(caplog: pytest.LogCaptureFixture) -> None:
+    """A fault while writing the new rate (injected into the second layer: nothing here makes it fail for real) puts the
+    first layer back, logs once, and the check says it is off; the split keeps its rates."""
+    bank, off = _layer()
+    settings = cp.CpuPathSettings(enabled=True, max_tokens=2)
+    paths = [_path(bank, settings), _path(bank, settings)]
+    check = rates.CpuRateCheck.for_paths(paths)
+    assert check is not None and check.describe().startswith("on: every 64 steps, windows of 4096 jobs")
+    check.tracker.window_jobs = 4
+
+    def broken(rate: float) -> None:
+        raise RuntimeError("injected: the cost tensor's copy failed")
+
+    paths[1].set_cpu_GBps = broken  # type: ignore[method-assign]
+    with caplog.at_level("ERROR", logger="reap_swap.server_ext"):
+        for step in range(2 * rates.RATE_CHECK_STEPS):
+            for p in paths:
+                _step(p, off, step)
+            assert check.after_step() is None
+    assert [p.cost.cpu_GBps for p in paths] == [0.001, 0.001] and paths[0].rate_updates[-1] == 0.001
+    assert check.error == "RuntimeError: injected: the cost tensor's copy failed"
+    assert check.describe().startswith("off after an error (RuntimeError") and caplog.text.count("re-rating the CPU failed") == 1
+    assert rates.describe(None, True) == "off: the user set the CPU's rate" and rates.describe(None, False) == "off: no CPU expert path"

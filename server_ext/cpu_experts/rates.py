@@ -11,8 +11,9 @@ mode ran 25 % slower than static + CPU.
 
 The team counts, over the jobs it had work in, its busy nanoseconds and the bytes it read (``CpuStep.stats``;
 the busy time runs from thread 0's pickup to the last thread's finish). Bytes over busy time is the rate it
-achieved, its per-job grouping and tail included -- so on one- or two-expert decode jobs it reads below a
-probe of eight-expert jobs (77.8-89.6 against 92-101 on that host), never above. A window of jobs whose
+achieved, its per-job grouping and tail included -- so on the one- or two-expert jobs of batch 1 it reads below a
+probe of eight-expert jobs (76.8-90.9 against that host's probe of 92.1; at batch 8 static + CPU's team reached
+94.3, above it). A window of jobs whose
 achieved rate differs from the cost model's by more than ``tolerance`` (30 %: a misread, not that
 difference) re-rates every layer (``LayerCpuPath.set_cpu_GBps``: one float64 in the split's cost tensor,
 graph-safe). A rate the user set is never re-rated. Not subtracted: the cost model's fixed cost per job,
@@ -95,12 +96,14 @@ class CpuRateTracker:
 
 class CpuRateCheck:
     """The worker's re-rating: every ``RATE_CHECK_STEPS`` steps, the team's counters over every layer, and a
-    new rate into every layer's split. Host-side reads only (ctypes counters), no device sync."""
+    new rate into every layer's split. Host-side reads only (ctypes counters), no device sync. A failure is
+    logged once and turns the re-rating off (the split keeps its rates); ``describe`` says so."""
 
     def __init__(self, paths: "list[LayerCpuPath]", tracker: CpuRateTracker | None = None):
         self.paths = paths
         self.tracker = tracker or CpuRateTracker()
         self.steps = 0
+        self.error: str | None = None
 
     @classmethod
     def for_paths(cls, paths: "list[LayerCpuPath]") -> "CpuRateCheck | None":
@@ -111,20 +114,50 @@ class CpuRateCheck:
 
     def after_step(self) -> float | None:
         """Count a step; on every ``RATE_CHECK_STEPS``-th, the new rate if one was taken."""
+        if self.error is not None:
+            return None
         self.steps += 1
         if self.steps % RATE_CHECK_STEPS:
             return None
+        try:
+            return self._check()
+        except Exception as exc:  # report-side: never break the step, never leave layers on different rates
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("reap-swap CPU expert path: re-rating the CPU failed; the split keeps its rates and re-rating is off")
+            return None
+
+    def _check(self) -> float | None:
         before = self.paths[0].cost.cpu_GBps
         rate = self.tracker.new_rate(before, TeamCounts.total(p.step_job.stats() for p in self.paths))
-        if rate is not None:
+        if rate is None:
+            return None
+        try:
             for p in self.paths:
                 p.set_cpu_GBps(rate)
-            logger.info("reap-swap CPU expert path: the team achieved %.1f GB/s over its last window of jobs; the split's CPU "
-                        "rate goes from %.1f to %.1f GB/s", rate, before, rate)
+        except Exception:
+            for p in self.paths:
+                if p.cost.cpu_GBps != before:
+                    p.set_cpu_GBps(before)
+            raise
+        logger.info("reap-swap CPU expert path: the team achieved %.1f GB/s over its last window of jobs; the split's CPU "
+                    "rate goes from %.1f to %.1f GB/s", rate, before, rate)
         return rate
 
     def restart(self) -> None:
         self.tracker.restart()
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"off after an error ({self.error}): the split keeps its rates"
+        t = self.tracker
+        return f"on: every {RATE_CHECK_STEPS} steps, windows of {t.window_jobs} jobs with work, a change past {t.tolerance:.0%}"
+
+
+def describe(check: CpuRateCheck | None, has_cpu_path: bool) -> str:
+    """What ``/reap/status`` and bench-gpu's stats say of the re-rating."""
+    if check is not None:
+        return check.describe()
+    return "off: the user set the CPU's rate" if has_cpu_path else "off: no CPU expert path"
 
 
 def measure_cpu_GBps(path: LayerCpuPath, repeats: int = 8, min_s: float = 0.05, max_repeats: int = 256) -> float:
