@@ -457,19 +457,26 @@ def test_cpu_also_trace_runs_both_workloads_on_one_engine(tmp_path: Path) -> Non
     assert v1r["arms"]["reap_static"]["hit_rate_decode"] != v2r["arms"]["reap_static"]["hit_rate_decode"]  # two workloads, not one twice
     assert v1r["arms"]["reap_static"]["llm_init_s"] == v2r["arms"]["reap_static"]["llm_init_s"]  # one engine build
     # each workload's cache counters from its own start (the second's once included the first's: 2026-12-07's note)
-    caches = [r["arms"]["reap_cache"]["online_cache"] for r in (v1r, v2r)]
-    assert all(c["counters_from"].startswith("this workload's start") and c["promotions"] > 0 for c in caches)
-    assert all(c["promotion_link_bytes"] == c["promotions"] * v1r["raw"]["reap_cache"]["spec"]["expert_bytes"] for c in caches)
+    first, second = (r["arms"]["reap_cache"]["online_cache"] for r in (v1r, v2r))
+    assert first["promotions"] > 0 and second["promotions"] > 0
+    assert second["counters_at_start"]["promotions"] == first["counters_at_start"]["promotions"] + first["promotions"]
+    assert all(c["promotion_link_bytes"] == c["promotions"] * v1r["raw"]["reap_cache"]["spec"]["expert_bytes"] for c in (first, second))
 
 
 def test_cache_counters_count_from_the_workloads_start() -> None:
-    from reap_swap.benchmarks.learned.cache_counts import cache_since
+    from reap_swap.benchmarks.learned.cache_counts import cache_since, complement_since
 
     start = {"policy": "lfru", "cap": 4, "promotions": 100, "evictions": 90, "promotion_link_bytes": 1000}
     end = {"policy": "lfru", "cap": 4, "promotions": 250, "evictions": 200, "promotion_link_bytes": 2500}
     got = cache_since(end, start)
     assert (got["promotions"], got["evictions"], got["promotion_link_bytes"], got["cap"], got["policy"]) == (150, 110, 1500, 4, "lfru")
+    assert got["counters_at_start"]["promotions"] == 100
     assert cache_since({"promotions": 5}, {})["promotions"] == 5  # an engine's first workload: from zero
+    assert cache_since({"promotions": None}, start)["promotions"] is None and cache_since({"promotions": 5}, {"promotions": None})["promotions"] is None
+    assert cache_since({"promotions": 5}, start)["promotions"] is None  # went back: a reset in between, no count
+    comp = complement_since({"enabled": True, "counters": {"exchanges": 30, "d2h_bytes": 300}}, {"counters": {"exchanges": 10, "d2h_bytes": 100}})
+    assert comp["counters"] == {"exchanges": 20, "d2h_bytes": 200} and comp["enabled"] is True
+    assert complement_since(None, None) is None and complement_since({"enabled": False}, None) == {"enabled": False}
 
 
 @pytest.mark.vllm

@@ -30,7 +30,7 @@ import numpy as np
 from .. import tp as tpm
 from ..gpu_arm import Results, _engine_kwargs, _memory, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
 from ..step_profile import profile_decode
-from .cache_counts import cache_since, cache_states
+from .cache_counts import cache_since, cache_states, complement_since
 from .inputs import Batch, Target, TraceRequest, tp_of
 from .placement import stock_hits
 
@@ -362,6 +362,7 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
     reap = spec["kind"] == "reap"
     tp = tp_of(spec)
     cache_start = cache_states(llm) if reap and spec.get("online_cache") else None
+    complement_start = llm.collective_rpc("reap_state")[0].get("complement") if reap else None
     bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
     bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
     extra = [(e["key"], [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in e["groups"]]) for e in spec.get("extra_batches") or []]
@@ -414,7 +415,7 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
             res.save("online_cache", ends[0])
             if tp > 1:
                 res.save("online_cache_by_rank", ends)
-        res.save("complement", state.get("complement"))
+        res.save("complement", complement_since(state.get("complement"), complement_start))
     res.save("host_memory", process_memory())
     if tp > 1:
         res.save("host_memory_workers", llm.collective_rpc(_worker_host_memory))

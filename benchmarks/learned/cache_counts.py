@@ -1,11 +1,12 @@
-"""The online cache's counters per workload of one engine (``bench-gpu --also-trace`` runs two on one engine)."""
+"""Counters that grow over an engine's life, reported per workload (``bench-gpu --also-trace`` runs two workloads on
+one engine, and the second must not report the first's promotions or exchanges as its own)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 CACHE_COUNTERS = ("promotions", "evictions", "promotion_link_bytes")
-"""The online cache's counters that grow over the engine's life; an arm reports them per workload."""
+"""The online cache's counters that grow over the engine's life."""
 
 
 def cache_states(llm: Any) -> list[dict[str, Any]]:
@@ -13,8 +14,26 @@ def cache_states(llm: Any) -> list[dict[str, Any]]:
     return [{k: v for k, v in (s.get("online_cache") or {}).items() if k != "by_layer"} for s in llm.collective_rpc("reap_state")]
 
 
+def counted_from(end: dict[str, Any], start: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """``end`` with its counters ``names`` counted from ``start``; None where either side has none or the counter went
+    back (a reset in between)."""
+    def since(k: str, v: Any) -> Any:
+        s = start.get(k, 0)
+        return None if v is None or s is None or v < s else v - s
+
+    return {k: since(k, v) if k in names else v for k, v in end.items()}
+
+
 def cache_since(end: dict[str, Any], start: dict[str, Any]) -> dict[str, Any]:
-    """``end``'s report with its counters counted from ``start``: the second workload of an engine (``--also-trace``)
-    does not report the first's promotions as its own."""
-    return {**{k: v - start.get(k, 0) if k in CACHE_COUNTERS and v is not None else v for k, v in end.items()},
-            "counters_from": "this workload's start (its warm-up and accounting passes included)"}
+    """An online-cache report counted from the workload's start; the start's own counters beside it."""
+    return {**counted_from(end, start, CACHE_COUNTERS), "counters_at_start": {k: start.get(k, 0) for k in CACHE_COUNTERS},
+            "counters_from": "this workload's start (its warm-up, accounting and timed passes; any profiled decode after them)"}
+
+
+def complement_since(end: dict[str, Any] | None, start: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A RAM-complement report whose exchange counters count from the workload's start."""
+    if not end or start is None:
+        return end
+    counters = end.get("counters") or {}
+    return {**end, "counters": counted_from(counters, start.get("counters") or {}, tuple(counters)),
+            "counters_from": "this workload's start"}
