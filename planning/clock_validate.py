@@ -76,10 +76,10 @@ class Machine:
     """The arm whose knobs (cap, decay, hysteresis, prior) and policy-program device time give the online cache's: the
     fast arm where a run has no reap_cache arm (same knobs; its program took 13 % longer a step on h100-fast)."""
     own_split: bool = False
-    """The fast arms split by their own start-up probe's rates (``cpu_path_bs1.measured``), not static + CPU's cost
-    model: a run whose probes disagreed (h100-onerun: the fast arm's read 28.7 GB/s, static + CPU's 92.1). A run with
-    re-rating (``server_ext/cpu_experts/rates.py``, after 2026-12-07) changed rates mid-run: its ``rate_updates`` would
-    need replaying, which this does not do."""
+    """The fast arms split by their own cost model (``cpu_path_bs1.cost_model``: their probe's rates, or the user's),
+    not static + CPU's: a run whose probes disagreed (h100-onerun: the fast arm's read 28.7 GB/s, static + CPU's
+    92.1). An arm re-rated mid-run (``rate_updates``, ``server_ext/cpu_experts/rates.py``) is refused: one rate per
+    arm cannot replay it."""
 
 
 H200 = Machine("h200-30b-a3b", LEARNED, LEARNED_CPU, link=(RELAYOUT, "vmm_check.read_GBps_host_rows"),
@@ -183,7 +183,9 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
         gib = float(src.get(machine.learned, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
     if machine.own_split and arm in ("reap_fast", "reap_fast_classifier"):
-        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.measured")  # its probe's rates (runs without re-rating split by them throughout)
+        if src.get(machine.learned, f"raw.{arm}.cpu_path_bs1").get("rate_updates"):
+            raise ClockError(f"{machine.name}: {arm} was re-rated mid-run (rate_updates); own_split replays one rate per arm")
+        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.cost_model")  # what its split used: the probe's or the user's rates
         cpu = replace(cpu, link_GBps=float(own["link_GBps"]), cpu_GBps=float(own["cpu_GBps"]))
     if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)

@@ -419,3 +419,20 @@ def test_validate_refuses_a_trace_or_clock_of_another_machine(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         simulate_main(["--trace", str(traces / "learned128_t0.8.npz"), "--machine", "h100-v1"])
     assert "--machine goes with --calibrate or --validate" in capsys.readouterr().err
+
+
+def test_own_split_replays_the_arms_cost_model_and_refuses_a_rerated_arm(tmp_path: Path) -> None:
+    """h100-onerun: the fast arm splits by its own cost model (its probe's 28.7 GB/s), static + CPU's arm by its 92.1; a
+    run whose fast arm was re-rated mid-run has no single rate to replay and is refused."""
+    from reap_swap.planning.clock_validate import MACHINES, ClockError, Sources, arm_rules
+
+    machine = MACHINES["h100-onerun-v1"]
+    src = Sources(RESULTS)
+    fast = arm_rules(src, "reap_fast", 9437184, 24, 128, machine)
+    static = arm_rules(src, "reap_static_cpu", 9437184, 24, 128, machine)
+    assert fast.cpu.cpu_GBps == pytest.approx(28.708, abs=1e-3) and static.cpu.cpu_GBps == pytest.approx(92.062, abs=1e-3)
+    run = json.loads((RESULTS / machine.learned).read_text())
+    run["raw"]["reap_fast"]["cpu_path_bs1"]["rate_updates"] = [77.8]
+    (tmp_path / machine.learned).write_text(json.dumps(run))
+    with pytest.raises(ClockError, match="re-rated mid-run"):
+        arm_rules(Sources(tmp_path), "reap_fast", 9437184, 24, 128, machine)
