@@ -11,13 +11,12 @@ mode ran 25 % slower than static + CPU.
 
 The team counts, over the jobs it had work in, its busy nanoseconds and the bytes it read (``CpuStep.stats``;
 the busy time runs from thread 0's pickup to the last thread's finish). Bytes over busy time is the rate it
-achieved, its per-job grouping and tail included -- so on the one- or two-expert jobs of batch 1 it reads below a
-probe of eight-expert jobs (76.8-90.9 against that host's probe of 92.1; at batch 8 static + CPU's team reached
-94.3, above it). A window of jobs whose
-achieved rate differs from the cost model's by more than ``tolerance`` (30 %: a misread, not that
-difference) re-rates every layer (``LayerCpuPath.set_cpu_GBps``: one float64 in the split's cost tensor,
-graph-safe). A rate the user set is never re-rated. Not subtracted: the cost model's fixed cost per job,
-which is mostly the post and the merge's poll, outside the busy time.
+achieved, its per-job grouping and tail included. So on the one- or two-expert jobs of batch 1 it reads below
+a probe of eight-expert jobs: 76.8-90.9 against that host's probe of 92.1 (at batch 8 static + CPU's team
+reached 94.3, above it). A window of jobs whose achieved rate differs from the cost model's by more than
+``tolerance`` (30 %: a misread, not that difference) re-rates every layer (``LayerCpuPath.set_cpu_GBps``:
+one float64 in the split's cost tensor, graph-safe). A rate the user set is never re-rated. Not subtracted:
+the cost model's fixed cost per job, which is mostly the post and the merge's poll, outside the busy time.
 """
 
 from __future__ import annotations
