@@ -361,8 +361,9 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
 
     reap = spec["kind"] == "reap"
     tp = tp_of(spec)
-    cache_start = cache_states(llm) if reap and spec.get("online_cache") else None
-    complement_start = llm.collective_rpc("reap_state")[0].get("complement") if reap else None
+    start_states = llm.collective_rpc("reap_state") if reap else None  # one read: the workload's counters start here
+    cache_start = cache_states(start_states) if start_states and spec.get("online_cache") else None
+    complement_start = start_states[0].get("complement") if start_states else None
     bs1 = [TraceRequest(**q) for q in spec["requests_bs1"]]
     bs8 = [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in spec["groups_bs8"]]
     extra = [(e["key"], [(int(g["group"]), [TraceRequest(**q) for q in g["requests"]]) for g in e["groups"]]) for e in spec.get("extra_batches") or []]
@@ -409,9 +410,10 @@ def run_workload(llm: Any, routing: Any, trace: Any, spec: dict[str, Any], res: 
                 routing.assign(rid, i)
             res.save(name, profile_decode(llm, [{"prompt_token_ids": prompts[i]} for i in indices], spec["profile_steps"], ids))
     if reap:
-        state = llm.collective_rpc("reap_state")[0]
+        states = llm.collective_rpc("reap_state")
+        state = states[0]
         if cache_start is not None:
-            ends = [cache_since(end, start) for end, start in zip(cache_states(llm), cache_start)]
+            ends = [cache_since(end, start) for end, start in zip(cache_states(states), cache_start)]
             res.save("online_cache", ends[0])
             if tp > 1:
                 res.save("online_cache_by_rank", ends)

@@ -9,9 +9,9 @@ CACHE_COUNTERS = ("promotions", "evictions", "promotion_link_bytes")
 """The online cache's counters that grow over the engine's life."""
 
 
-def cache_states(llm: Any) -> list[dict[str, Any]]:
-    """Each rank's online-cache report (``reap_state``), without its per-layer detail."""
-    return [{k: v for k, v in (s.get("online_cache") or {}).items() if k != "by_layer"} for s in llm.collective_rpc("reap_state")]
+def cache_states(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's online-cache report from its ``reap_state``, without its per-layer detail."""
+    return [{k: v for k, v in (s.get("online_cache") or {}).items() if k != "by_layer"} for s in states]
 
 
 def counted_from(end: dict[str, Any], start: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
