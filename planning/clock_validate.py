@@ -183,9 +183,10 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
         gib = float(src.get(machine.learned, "arms.stock_offload.offload_gib"))
         return Arm(arm, "stock_offload", gpu_fraction=offload_fractions(layers, experts, expert_bytes, gib * 2**30))
     if machine.own_split and arm in ("reap_fast", "reap_fast_classifier"):
-        if src.get(machine.learned, f"raw.{arm}.cpu_path_bs1").get("rate_updates"):
+        path = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1")
+        if path.get("rate_updates"):
             raise ClockError(f"{machine.name}: {arm} was re-rated mid-run (rate_updates); own_split replays one rate per arm")
-        own = src.get(machine.learned, f"raw.{arm}.cpu_path_bs1.cost_model")  # what its split used: the probe's or the user's rates
+        own = path["cost_model"]  # what its split used: the probe's or the user's rates
         cpu = replace(cpu, link_GBps=float(own["link_GBps"]), cpu_GBps=float(own["cpu_GBps"]))
     if arm in ("reap_fast", "reap_fast_classifier"):
         return Arm(arm, "fast", cache=cache, cpu=cpu)

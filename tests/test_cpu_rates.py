@@ -13,6 +13,8 @@ from reap_swap.server_ext.cpu_experts.rates import CpuRateTracker, TeamCounts
 from reap_swap.server_ext.cpu_experts.split import CostModel
 from reap_swap.server_ext.cpu_experts.step import BankRows
 
+from .test_cpu_path import _layer
+
 needs_native = pytest.mark.skipif(K.native_library() is None, reason=f"native CPU kernel unavailable: {K.native_error()}")
 
 B = 9_437_184  # bytes of one 30B-A3B expert (bf16)
@@ -78,15 +80,6 @@ def test_team_counts_total_sums_layers_jobs_with_work() -> None:
     stats = [{"calls": 9, "steps_with_work": 2, "ns": 10, "bytes": 5, "experts": 3, "pairs": 4, "status": 0},
              {"calls": 1, "steps_with_work": 1, "ns": 1, "bytes": 1, "experts": 1, "pairs": 1}]
     assert TeamCounts.total(stats) == TeamCounts(3, 11, 6)
-
-
-def _layer(e: int = 16, h: int = 64, i: int = 32, slots: int = 4) -> tuple[BankRows, int]:
-    g = torch.Generator().manual_seed(0)
-    w13 = (torch.randn(slots + e, 2 * i, h, generator=g) / h**0.5).to(torch.bfloat16)
-    w2 = (torch.randn(slots + e, h, i, generator=g) / i**0.5).to(torch.bfloat16)
-    w13[:slots] = 0
-    w2[:slots] = 0
-    return BankRows(w13, w2, slots, e), slots
 
 
 def _step(path: cp.LayerCpuPath, off: int, seed: int) -> int:
