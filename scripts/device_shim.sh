@@ -2,15 +2,19 @@
 # (the repo root is the package; pyproject maps its folders onto subpackages) without installing it.
 # Run Python from outside the repo root afterwards, or the root's reap_swap/ folder shadows the shim.
 R=${R:-$PWD}
-_shim=/tmp/shim/reap_swap
-# Built once per checkout: a second source (a session script sourcing it while another job already imports
-# from the shim) must not delete it under that job, which then fails with "No module named 'reap_swap'".
-if [ "$(readlink $_shim/server_ext 2>/dev/null)" != "$R/server_ext" ]; then
-  _new=$(mktemp -d /tmp/shim.XXXXXX); mkdir -p $_new/reap_swap
+# Rebuilt only when the checkout or the names in its reap_swap/ change (a stamp records both): a second source
+# (a session script sourcing it while another job imports from the shim) must not delete it under that job,
+# which then fails with "No module named 'reap_swap'".
+_stamp="$R $(ls $R/reap_swap | tr '\n' ' ')"
+if [ "$(cat /tmp/shim/.stamp 2>/dev/null)" != "$_stamp" ]; then
+  _new=$(mktemp -d /tmp/shim.XXXXXX) || return 1
+  chmod 755 $_new && mkdir -p $_new/reap_swap
   for f in $R/reap_swap/*; do ln -s "$f" $_new/reap_swap/; done
   for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $_new/reap_swap/$p; done
+  echo "$_stamp" > $_new/.stamp
   rm -rf /tmp/shim && mv $_new /tmp/shim
 fi
+unset _stamp _new
 export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
 # The CLI from /tmp (outside the repo root, so the shim's reap_swap is the one imported): `rs bench-gpu ...`
 rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
