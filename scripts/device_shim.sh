@@ -5,17 +5,19 @@ R=${R:-$PWD}
 # Rebuilt only when the checkout or the names in its reap_swap/ change (a stamp records both): a second source
 # (a session script sourcing it while another job imports from the shim) must not delete it under that job,
 # which then fails with "No module named 'reap_swap'".
+# REAP_SHIM_DIR (default /tmp/shim) moves it, e.g. for the test of this script.
+_shim_dir=${REAP_SHIM_DIR:-/tmp/shim}
 _stamp="$R $(ls $R/reap_swap | tr '\n' ' ')"
-if [ "$(cat /tmp/shim/.stamp 2>/dev/null)" != "$_stamp" ]; then
-  _new=$(mktemp -d /tmp/shim.XXXXXX) || return 1
+if [ "$(cat $_shim_dir/.stamp 2>/dev/null)" != "$_stamp" ]; then
+  _new=$(mktemp -d $_shim_dir.XXXXXX) || return 1
   chmod 755 $_new && mkdir -p $_new/reap_swap
   for f in $R/reap_swap/*; do ln -s "$f" $_new/reap_swap/; done
   for p in server_ext planning models proxy classifier example benchmarks; do ln -s $R/$p $_new/reap_swap/$p; done
   echo "$_stamp" > $_new/.stamp
-  rm -rf /tmp/shim && mv $_new /tmp/shim
+  rm -rf $_shim_dir && mv $_new $_shim_dir
 fi
-unset _stamp _new
-export PYTHONPATH=/tmp/shim:${PYTHONPATH:-}
+export PYTHONPATH=$_shim_dir:${PYTHONPATH:-}
+unset _stamp _new _shim_dir
 # The CLI from /tmp (outside the repo root, so the shim's reap_swap is the one imported): `rs bench-gpu ...`
 rs() { (cd /tmp && python3 -c "import sys; from reap_swap.cli import main; sys.exit(main())" "$@"); }
 # vLLM staged by an earlier call on this machine: its exports do not carry across device calls, so take
