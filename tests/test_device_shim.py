@@ -15,7 +15,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "device_shim.sh"
-PACKAGES = ("server_ext", "planning", "models", "proxy", "classifier", "example", "benchmarks")
 
 
 def _source(shim_dir: Path, repo: Path, then: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -53,8 +52,9 @@ def test_a_new_module_in_the_checkout_rebuilds_it(tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     (checkout / "reap_swap").mkdir(parents=True)
     shutil.copy(REPO / "reap_swap" / "__init__.py", checkout / "reap_swap" / "__init__.py")
-    for name in PACKAGES:
-        (checkout / name).symlink_to(REPO / name)
+    for entry in REPO.iterdir():  # the rest of the checkout as it is: the script picks the folders it maps
+        if entry.name not in ("reap_swap", ".git"):
+            (checkout / entry.name).symlink_to(entry)
     shim, cwd = tmp_path / "shim", tmp_path / "elsewhere"
     cwd.mkdir()
     _module_file(shim, checkout, "reap_swap", cwd)
