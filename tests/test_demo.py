@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,23 +15,33 @@ from reap_swap.example.corpora import realistic_corpus_files
 from tests.vllm_servers import require_vllm
 
 pytestmark = pytest.mark.vllm
+MARKER_ENV = "REAP_SWAP_TEST_RUN"
 
 
-def _server_like_processes() -> set[str]:
-    """Live ones: a zombie has exited and only waits to be reaped -- by PID 1 once orphaned, which on
-    the sandbox's init can lag the demo's exit (seen once in CI: ``[VLLM::Worker] <defunct>``)."""
-    out = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout.splitlines()[1:]
-    keys = ("reap_swap", "vllm", "VLLM", "spawn_main", "multiprocessing")
-    live = (line.split(None, 2) for line in out)
-    return {f"{pid} {args}" for pid, stat, args in (f for f in live if len(f) == 3) if not stat.startswith("Z") and any(k in args for k in keys)}
+def _processes_of_run(marker: str) -> set[str]:
+    """Live processes whose environment carries this run's marker: the demo's children inherit it, so
+    servers of tests running beside this one (pytest-xdist workers) are not counted. A zombie has exited
+    and only waits to be reaped (its environ reads empty; seen once in CI: ``[VLLM::Worker] <defunct>``)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.add(f"{proc.name} {args}")
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 def test_demo_quick(tmp_path: Path) -> None:
     require_vllm()
     work = tmp_path / "demo"
-    before = _server_like_processes()
+    marker = uuid.uuid4().hex
     r = subprocess.run([sys.executable, "-m", "reap_swap.cli", "demo", "--quick", "--workdir", str(work)],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900, env={**os.environ, MARKER_ENV: marker})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "token-weighted mean" in r.stdout and "top-k" in r.stdout and "best non-predictive baseline" in r.stdout
     assert r.stdout.count("per-layer split:") == 1 and r.stdout.count("core fraction:") == 1  # the plan's CV tables, once
@@ -41,5 +53,5 @@ def test_demo_quick(tmp_path: Path) -> None:
     assert any(row["bytes_copied"] > 0 for row in result["requests"])
     for fig in result["figures"]:
         assert (work / fig).stat().st_size > 1000
-    left = _server_like_processes() - before
+    left = _processes_of_run(marker)
     assert not left, f"processes left running after the demo: {left}"
