@@ -21,7 +21,9 @@ MARKER_ENV = "REAP_SWAP_TEST_RUN"
 def _processes_of_run(marker: str) -> set[str]:
     """Live processes whose environment carries this run's marker: the demo's children inherit it, so
     servers of tests running beside this one (pytest-xdist workers) are not counted. A zombie has exited
-    and only waits to be reaped (its environ reads empty; seen once in CI: ``[VLLM::Worker] <defunct>``)."""
+    and only waits to be reaped (its environ reads empty; seen once in CI: ``[VLLM::Worker] <defunct>``).
+    Not seen: a child started with an environment built from scratch, or one this user cannot read; the
+    demo's servers take ``{**os.environ, ...}`` (``procs.ServerProcess``) and vLLM's workers inherit it."""
     needle = f"{MARKER_ENV}={marker}".encode()
     found = set()
     for proc in Path("/proc").iterdir():
