@@ -88,6 +88,14 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+def fill_int_dummies(spec: dict[str, Any], res: Results) -> None:
+    """Before the engine is built: W4A16's packed int4 weights get the same seeded bits in every arm
+    (``dummy_weights.deterministic_int_dummies``). Patched in this process, where the engine core runs
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0): one GPU only."""
+    if spec.get("quantization") == "w4a16":  # one GPU: bench-gpu refuses w4a16 with TP (tp.check)
+        res.save("int_dummies_patched", deterministic_int_dummies())
+
+
 def moe_kernel_info(model: Any) -> dict[str, Any]:
     """The first MoE layer's quant method, FP8 backend and fused-experts class; with residency its bank's
     physical rows and which parameters are banked (paged) or side tensors (scales, beside the bank)."""
@@ -227,8 +235,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
     from vllm import LLM
 
-    if spec.get("quantization") == "w4a16":  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
-        res.save("int_dummies_patched", deterministic_int_dummies())
+    fill_int_dummies(spec, res)
     t = time.perf_counter()
     llm = LLM(**kw)
     res.save("memory", _memory(spec, time.perf_counter() - t, llm))

@@ -62,6 +62,8 @@ from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
 CPU_ARMS = ("reap_30_cpu", "reap_30_fast")
+CPU_REFUSED = ("w4a16",)
+"""Schemes the CPU expert path refuses at load (``server_ext/cpu_experts/quant.py``): no CPU-path arms with them."""
 """Arms that run the CPU expert path (bf16 or FP8 experts)."""
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
@@ -171,10 +173,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache per arm, GiB")
     p.add_argument("--profile-steps", type=int, default=20, help="decode steps under torch.profiler (0: no profile)")
     p.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the hit-rate sweep")
-    p.add_argument("--quantization", choices=["fp8", "fp8-block"],
-                   help="FP8 experts in every arm: fp8 = vLLM quantizes at load (per-tensor scales), fp8-block = an FP8 "
-                        "checkpoint's [128, 128] block scales (dummy weights either way); with --trace the arm bf16_reap_fast "
-                        "serves the unquantized model beside them (ratios.<q>_fast_vs_bf16_fast_*)")
+    p.add_argument("--quantization", choices=list(WEIGHT_BYTES),
+                   help="quantized experts in every arm: fp8 = vLLM quantizes at load (per-tensor scales), fp8-block = an FP8 "
+                        "checkpoint's [128, 128] block scales, w4a16 = a compressed-tensors int4 checkpoint (group 128, Marlin; "
+                        "no CPU-path arms) (dummy weights in each); with --trace the arm bf16_reap_fast serves the unquantized "
+                        "model beside the FP8 ones (ratios.<q>_fast_vs_bf16_fast_*)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="GPUs per arm (vLLM's tensor_parallel_size): stock offload's cpu_offload_gb is divided by it (vLLM counts it "
                         "per GPU), reap arms keep their slots per layer, ratio keys get a _tp<N> suffix; no profile with N > 1")
@@ -216,6 +219,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
     if args.also_out and args.also_out.resolve() == args.out.resolve():
         p.error("--also-out must differ from --out")
+    cpu_path = [a for a in args.arms if a in CPU_ARMS or a in learned_bench.CUDA_ONLY]
+    if args.quantization in CPU_REFUSED and cpu_path:
+        p.error(f"{', '.join(cpu_path)}: the CPU expert path computes bf16 and FP8 experts only; --quantization "
+                f"{args.quantization} runs the link-path arms (stock_gpu, stock_offload, reap_static, reap_cache, ...)")
     unquantized = [a for a in args.arms if a in learned_bench.UNQUANTIZED]
     if unquantized and not (args.quantization and args.trace):
         p.error(f"{', '.join(unquantized)}: the bf16 baseline of a --quantization run on --trace (give both)")

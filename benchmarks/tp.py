@@ -47,6 +47,8 @@ def check(shape: Any, tp: int, *, device: str = "cuda", quantization: str | None
         return f"{flag} {tp} and the shape {shape.name}'s {kv} KV heads: one must divide the other"
     if shape.moe_intermediate % tp:
         return f"{flag} {tp} does not divide the shape {shape.name}'s expert intermediate size {shape.moe_intermediate}"
+    if quantization == "w4a16":  # gpu_arm.fill_int_dummies patches the loader in the arm's process, not in vLLM's workers
+        return f"{flag} {tp}: w4a16 arms run on one GPU (their integer dummy weights are filled in the arm's process)"
     if quantization == "fp8-block" and (shape.moe_intermediate // tp) % 128:
         return f"{flag} {tp}: each rank's expert intermediate size {shape.moe_intermediate // tp} is not a multiple of fp8-block's 128"
     if device == "cuda" and device_count is not None and tp > device_count:

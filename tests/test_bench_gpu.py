@@ -126,6 +126,30 @@ def test_quantization_reaches_every_arm_and_the_engine(tmp_path: Path) -> None:
         gpu_bench.parse_args(["--quantization", "fp8", "--arms", "reap_30"]) and gpu_bench.parse_args(["--arms", "bf16_reap_fast"])
 
 
+def test_w4a16_runs_the_link_path_arms_on_one_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--quantization w4a16 (issue 27's 4-bit arm): a compressed-tensors config in the engine, stock offload
+    sized at 4 bits plus a bf16 scale per 128 weights; the CPU path (bf16 and FP8 only) and TP refused by name."""
+    from reap_swap.benchmarks import gpu_arm, gpu_bench
+    from reap_swap.benchmarks.shapes import write_model_dir
+    from reap_swap.paths import bundled_model_dir
+
+    model = write_model_dir(SHAPES["tiny"], bundled_model_dir(), tmp_path / "m", "float32")
+    plain = gpu_bench.build_specs(gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--arms", "stock_offload"]), model)[0]
+    specs = gpu_bench.build_specs(gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--quantization", "w4a16",
+                                                        "--arms", "stock_gpu,stock_offload,reap_30"]), model)
+    assert [s["quantization"] for s in specs] == ["w4a16"] * 3
+    assert specs[1]["offload_gib"] == pytest.approx(plain["offload_gib"] * (0.5 + 2 / 128) / 4), "tiny is float32"
+    config = gpu_arm._engine_kwargs(specs[2])["hf_overrides"]["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors" and config["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+    for arm in gpu_bench.CPU_ARMS:
+        with pytest.raises(SystemExit):
+            gpu_bench.parse_args(["--quantization", "w4a16", "--arms", arm])
+        assert "the CPU expert path computes bf16 and FP8 experts only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_bench.parse_args(["--device", "cpu", "--quantization", "w4a16", "--tensor-parallel-size", "2", "--arms", "reap_30"])
+    assert "w4a16 arms run on one GPU" in capsys.readouterr().err
+
+
 def test_moe_kernel_info_reports_the_bank_and_its_side_tensors() -> None:
     import torch
 

@@ -359,6 +359,13 @@ def test_quantized_learned_run_has_fp8_arms_beside_the_bf16_fast_baseline(tmp_pa
                 "reap_fast": {"decode_tok_s_bs1": 240.0, "decode_tok_s_bs8": 450.0, "quantization": "fp8"}})
     assert r["fp8_fast_vs_stock_fp8_offload_bs1"] == pytest.approx(4.8) and r["fp8_fast_vs_bf16_fast_bs1"] == pytest.approx(1.6)
     assert r["fp8_fast_vs_bf16_fast_bs8"] == pytest.approx(1.5) and r["fp8_fast_vs_bf16_fast_bs1_e2e"] is None
+    w4 = {s["name"]: s for s in build_specs(Namespace(**{**common, "arms": arms[:4]}, quantization="w4a16"), model, shape)[0]}
+    assert w4["reap_cache"]["expert_bytes"] == shape.expert_bytes * (0.5 + 2 / 128) / shape.dtype_bytes
+    assert w4["stock_offload"]["offload_gib"] == pytest.approx(plain["stock_offload"]["offload_gib"] * (0.5 + 2 / 128) / shape.dtype_bytes)
+    for arm in ("reap_fast", "reap_static_cpu", "bf16_reap_fast"):  # the CPU path computes bf16 and FP8 experts only
+        with pytest.raises(SystemExit):
+            parse_args(["--trace", str(TRACE), "--sets", str(sets_path), "--quantization", "w4a16", "--arms", f"stock_gpu,{arm}"])
+        assert f"{arm}: the CPU expert path" in capsys.readouterr().err
 
 
 # ---- --also-trace: two workloads on one engine per arm -----------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import tp as tpm
-from ..gpu_arm import Results, _engine_kwargs, _memory, _versions, _worker_host_memory, arm_main, on_model, pinned_host_gib
+from ..gpu_arm import Results, _engine_kwargs, _memory, _versions, _worker_host_memory, arm_main, fill_int_dummies, on_model, pinned_host_gib
 from ..step_profile import profile_decode
 from .cache_counts import cache_since, cache_states, complement_since
 from .inputs import Batch, Target, TraceRequest, tp_of
@@ -311,6 +311,7 @@ def run(spec: dict[str, Any], res: Results) -> None:
     res.save("engine_kwargs", {k: sorted(v) if isinstance(v, set) else v for k, v in kw.items()})
     from vllm import LLM
 
+    fill_int_dummies(spec, res)
     t = time.perf_counter()
     llm = LLM(**kw)
     if tp > 1:

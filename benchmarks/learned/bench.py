@@ -58,6 +58,7 @@ from .inputs import (
     predicted,
     select_bs1,
 )
+from ..dummy_weights import WEIGHT_BYTES
 from ..profile_counts import PROFILE_MARGIN
 from ..shapes import MoeShape
 
@@ -100,7 +101,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     profiled_prompt = max((q.prompt_len for reqs in profiled.values() for q in reqs), default=0)
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     quant = getattr(args, "quantization", None)
-    weight_bytes = 1 if quant else shape.dtype_bytes  # FP8: one byte a weight (expert bytes, stock offload's GiB)
+    weight_bytes = WEIGHT_BYTES[quant] if quant else shape.dtype_bytes  # bytes a weight: expert bytes, stock offload's GiB
     base = {
         "runner": RUNNER,
         "model": str(model_dir),
@@ -109,7 +110,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "layers": shape.layers,
         "experts": shape.experts,
         "top_k": shape.top_k,
-        "expert_bytes": shape.expert_bytes * weight_bytes // shape.dtype_bytes,
+        "expert_bytes": int(shape.expert_bytes * weight_bytes / shape.dtype_bytes),
         "vocab": vocab,
         "max_model_len": max(longest, profiled_prompt + args.profile_steps + PROFILE_MARGIN if args.profile_steps else 0) + 16,
         "kv_cache_gib": args.kv_cache_gib,
