@@ -26,6 +26,17 @@ WEIGHT_BYTES = {"fp8": 1.0, "fp8-block": 1.0, "w4a16": 0.5 + 2 / 128}
 stock offload's ``cpu_offload_gb`` is sized by to leave the reap arms' GPU expert bytes."""
 
 
+def weight_scale(quantization: str | None, dtype_bytes: int) -> float:
+    """An expert's bytes under ``quantization`` over its bytes in the model dtype (1.0 unquantized)."""
+    return WEIGHT_BYTES[quantization] / dtype_bytes if quantization else 1.0
+
+
+def quantized_expert_bytes(expert_bytes: int, dtype_bytes: int, quantization: str | None) -> int:
+    """One expert's bytes (w13 + w2) under ``quantization``, from its bytes in the model dtype: link bytes per miss.
+    W4A16 counts its group scales too (a banked expert's scales stay on the GPU: about 3 % over its link bytes)."""
+    return round(expert_bytes * weight_scale(quantization, dtype_bytes))
+
+
 def deterministic_int_dummies(seed: int = 1234) -> bool:
     """vLLM's dummy loader fills floating parameters only; integer ones (packed int4 weights, zero points)
     stay ``torch.empty`` on CUDA: whatever the allocator hands out, different in each process, so two arms

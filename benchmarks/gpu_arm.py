@@ -93,7 +93,10 @@ def fill_int_dummies(spec: dict[str, Any], res: Results) -> None:
     (``dummy_weights.deterministic_int_dummies``). Patched in this process, where the engine core runs
     (VLLM_ENABLE_V1_MULTIPROCESSING=0): one GPU only."""
     if spec.get("quantization") == "w4a16":  # one GPU: bench-gpu refuses w4a16 with TP (tp.check)
-        res.save("int_dummies_patched", deterministic_int_dummies())
+        patched = deterministic_int_dummies()
+        res.save("int_dummies_patched", patched)
+        if not patched:  # each arm would serve its own uninitialised int4 weights: ids and speed not comparable
+            raise RuntimeError("w4a16: vLLM's dummy loader was not found to patch (dummy_weights.deterministic_int_dummies)")
 
 
 def moe_kernel_info(model: Any) -> dict[str, Any]:

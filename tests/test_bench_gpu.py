@@ -135,10 +135,10 @@ def test_w4a16_runs_the_link_path_arms_on_one_gpu(tmp_path: Path, capsys: pytest
 
     model = write_model_dir(SHAPES["tiny"], bundled_model_dir(), tmp_path / "m", "float32")
     plain = gpu_bench.build_specs(gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--arms", "stock_offload"]), model)[0]
-    specs = gpu_bench.build_specs(gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny", "--quantization", "w4a16",
+    specs = gpu_bench.build_specs(gpu_bench.parse_args(["--shape", "tiny", "--quantization", "w4a16",
                                                         "--arms", "stock_gpu,stock_offload,reap_30"]), model)
     assert [s["quantization"] for s in specs] == ["w4a16"] * 3
-    assert specs[1]["offload_gib"] == pytest.approx(plain["offload_gib"] * (0.5 + 2 / 128) / 4), "tiny is float32"
+    assert specs[1]["offload_gib"] == pytest.approx(plain["offload_gib"] * (0.5 + 2 / 128) / SHAPES["tiny"].dtype_bytes)
     config = gpu_arm._engine_kwargs(specs[2])["hf_overrides"]["quantization_config"]
     assert config["quant_method"] == "compressed-tensors" and config["config_groups"]["group_0"]["weights"]["num_bits"] == 4
     for arm in gpu_bench.CPU_ARMS:
@@ -146,8 +146,11 @@ def test_w4a16_runs_the_link_path_arms_on_one_gpu(tmp_path: Path, capsys: pytest
             gpu_bench.parse_args(["--quantization", "w4a16", "--arms", arm])
         assert "the CPU expert path computes bf16 and FP8 experts only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        gpu_bench.parse_args(["--device", "cpu", "--quantization", "w4a16", "--tensor-parallel-size", "2", "--arms", "reap_30"])
+        gpu_bench.parse_args(["--quantization", "w4a16", "--tensor-parallel-size", "2", "--arms", "reap_30"])
     assert "w4a16 arms run on one GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_bench.parse_args(["--device", "cpu", "--quantization", "w4a16", "--arms", "reap_30"])
+    assert "needs --device cuda" in capsys.readouterr().err
 
 
 def test_moe_kernel_info_reports_the_bank_and_its_side_tensors() -> None:

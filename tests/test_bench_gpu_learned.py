@@ -157,6 +157,16 @@ def test_report_ratios_and_table() -> None:
               "model": {"shape": "s", "layers": 24, "experts": 128, "top_k": 8, "expert_mb": 9.44}}
     table = markdown(result)
     assert "| reap_static | 120.0 / 100.0 | 1.0 (2.0) |" in table and "reap_static_vs_stock_offload_bs1 | 3.000" in table
+    assert "Ended before their last batch" not in table and "quantized experts" not in table
+    quantized = {n: {**a, "quantization": "w4a16", "expert_bytes": 2_433_024} for n, a in arms.items() if n != "stock_gpu"}
+    assert ("quantized experts: w4a16 in stock_offload, reap_static (2.43 MB an expert, the link bytes of a miss); stock_gpu unquantized"
+            in markdown({**result, "arms": {**arms, **quantized}}))
+    # an arm cut after its finished batches keeps their row, the error said below the table; one with none is an error row
+    cut = {**arms, "stock_offload": {**arms["stock_offload"], "error": "arm process ended with timeout"},
+           "reap_cache": {**base, "decode_tok_s_bs1": None, "decode_tok_s_bs8": None, "error": "not run: the deadline"}}
+    table = markdown({**result, "arms": cut})
+    assert "| stock_offload | 40.0 / 50.0 |" in table and "| reap_cache | error: not run: the deadline |" in table
+    assert "Ended before their last batch (the batches shown had finished): stock_offload: arm process ended with timeout." in table
 
 
 @pytest.mark.parametrize("run, warned", [("bench_gpu_fast_v1_beside_v2_h100.json", True), ("bench_gpu_fast_graphs_h100.json", False)])
@@ -361,11 +371,12 @@ def test_quantized_learned_run_has_fp8_arms_beside_the_bf16_fast_baseline(tmp_pa
     assert r["fp8_fast_vs_bf16_fast_bs8"] == pytest.approx(1.5) and r["fp8_fast_vs_bf16_fast_bs1_e2e"] is None
     w4 = {s["name"]: s for s in build_specs(Namespace(**{**common, "arms": arms[:4]}, quantization="w4a16"), model, shape)[0]}
     assert w4["reap_cache"]["expert_bytes"] == shape.expert_bytes * (0.5 + 2 / 128) / shape.dtype_bytes
+    assert isinstance(w4["reap_cache"]["expert_bytes"], int)
     assert w4["stock_offload"]["offload_gib"] == pytest.approx(plain["stock_offload"]["offload_gib"] * (0.5 + 2 / 128) / shape.dtype_bytes)
     for arm in ("reap_fast", "reap_static_cpu", "bf16_reap_fast"):  # the CPU path computes bf16 and FP8 experts only
         with pytest.raises(SystemExit):
             parse_args(["--trace", str(TRACE), "--sets", str(sets_path), "--quantization", "w4a16", "--arms", f"stock_gpu,{arm}"])
-        assert f"{arm}: the CPU expert path" in capsys.readouterr().err
+        assert (f"{arm}: the CPU expert path" if arm != "bf16_reap_fast" else "the bf16 baseline of the quantized fast mode") in capsys.readouterr().err
 
 
 # ---- --also-trace: two workloads on one engine per arm -----------------------------------------------------------

@@ -287,7 +287,7 @@ class OffsetRouting:
         return {**self.inner.describe(), "first_request": self.start}
 
 
-SHARED_KEYS = ("versions", "engine_kwargs", "memory", "host_memory_after_load", "reap_install", "host_memory_after_install", "gates_reseeded")
+SHARED_KEYS = ("versions", "engine_kwargs", "int_dummies_patched", "memory", "host_memory_after_load", "reap_install", "host_memory_after_install", "gates_reseeded")
 """What the engine build measured: the same for every workload an arm process runs."""
 
 

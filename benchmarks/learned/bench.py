@@ -58,7 +58,7 @@ from .inputs import (
     predicted,
     select_bs1,
 )
-from ..dummy_weights import WEIGHT_BYTES
+from ..dummy_weights import quantized_expert_bytes, weight_scale
 from ..profile_counts import PROFILE_MARGIN
 from ..shapes import MoeShape
 
@@ -101,7 +101,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     profiled_prompt = max((q.prompt_len for reqs in profiled.values() for q in reqs), default=0)
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     quant = getattr(args, "quantization", None)
-    weight_bytes = WEIGHT_BYTES[quant] if quant else shape.dtype_bytes  # bytes a weight: expert bytes, stock offload's GiB
+    scale = weight_scale(quant, shape.dtype_bytes)  # expert bytes and stock offload's GiB under the scheme
     base = {
         "runner": RUNNER,
         "model": str(model_dir),
@@ -110,7 +110,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "layers": shape.layers,
         "experts": shape.experts,
         "top_k": shape.top_k,
-        "expert_bytes": int(shape.expert_bytes * weight_bytes / shape.dtype_bytes),
+        "expert_bytes": quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant),
         "vocab": vocab,
         "max_model_len": max(longest, profiled_prompt + args.profile_steps + PROFILE_MARGIN if args.profile_steps else 0) + 16,
         "kv_cache_gib": args.kv_cache_gib,
@@ -180,7 +180,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         "stock_gpu": lambda: {**base, "name": "stock_gpu", "kind": "stock"},
         # cpu_offload_gb is per GPU: with TP each rank holds 1/N of every expert (benchmarks/tp.py)
         "stock_offload": lambda: {**base, "name": "stock_offload", "kind": "stock",
-                                  "offload_gib": tpm.offload_gib_per_rank(shape.offload_gib_for_slots(sets.slots), tp) * weight_bytes / shape.dtype_bytes},
+                                  "offload_gib": tpm.offload_gib_per_rank(shape.offload_gib_for_slots(sets.slots), tp) * scale},
         "reap_static": lambda: reap("reap_static", "static_topk", "static_topk"),
         "reap_plan": lambda: reap("reap_plan", "plan", "plan"),
         "reap_classifier": lambda: reap("reap_classifier", "classifier", "classifier_bs8"),

@@ -18,14 +18,15 @@ from ..shapes import MoeShape
 
 REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement",
              "reap_static_cpu", "reap_fast", "reap_fast_classifier")
-LINK_FORMULA = "link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x dtype bytes); bs8: an upper bound"
+LINK_FORMULA = ("link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x bytes a weight: the "
+                "dtype's, or the --quantization scheme's); bs8: an upper bound")
 
 
 def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     spec = raw.get("spec", {})
     hits = raw.get("hits") or {}
 
-    expert_bytes = spec.get("expert_bytes") or shape.expert_bytes  # FP8 arms: one byte a weight
+    expert_bytes = spec.get("expert_bytes") or shape.expert_bytes  # quantized arms: their scheme's bytes (learned.bench)
 
     def link(key: str) -> float | None:
         missed = _get(hits, key, "missed_pairs_per_token")
@@ -53,6 +54,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         **extra,
         "kind": spec.get("kind"),
         "quantization": spec.get("quantization"),
+        "expert_bytes": expert_bytes,
         "slots": spec.get("slots"),
         "offload_gib": spec.get("offload_gib"),
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
@@ -260,6 +262,18 @@ def _pair(a: Any, b: Any, spec: str = ".1f") -> str:
     return f"{_fmt(a, spec)} / {_fmt(b, spec)}"
 
 
+def quantized_line(arms: dict[str, Any]) -> list[str]:
+    """The header's word on a ``--quantization`` run: the scheme, the arms that serve it and one expert's bytes."""
+    quantized = {n: a for n, a in arms.items() if a.get("quantization")}
+    if not quantized:
+        return []
+    schemes = sorted({a["quantization"] for a in quantized.values()})
+    sizes = sorted({a["expert_bytes"] / 1e6 for a in quantized.values() if a.get("expert_bytes")})
+    plain = [n for n in arms if n not in quantized]
+    return [f"quantized experts: {', '.join(schemes)} in {', '.join(quantized)} ({', '.join(f'{mb:.2f}' for mb in sizes)} MB an expert, the "
+            f"link bytes of a miss)" + (f"; {', '.join(plain)} unquantized" if plain else "")]
+
+
 def markdown(result: dict[str, Any]) -> str:
     m, ctx = result["model"], result.get("context", {})
     wl = ctx.get("workload", {})
@@ -273,6 +287,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"workload: bs1 {len(wl.get('bs1', []))} trace requests one at a time (gen {wl.get('gen', '?')}), bs8 groups "
         f"{wl.get('groups_bs8', '?')} (gen {wl.get('gen_bs8', '?')}), each prompt the trace request's prompt length",
         f"command: `{result['command']}`",
+        *quantized_line(result["arms"]),
         f"decode tok/s: {result['decode_estimator']}",
         f"{result['link_formula']}",
         "",
@@ -280,10 +295,13 @@ def markdown(result: dict[str, Any]) -> str:
         "| offline (requests run) bs1 / bs8 | predicted (sets file) bs1 / bs8 | link MB/token bs1 / bs8 | GPU GiB | pinned host GiB | identical ids bs1 / bs8 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cut = {}  # arms that ended with an error after some batches finished: their rows stay, the error below
     for name, a in result["arms"].items():
-        if a.get("error"):
+        if a.get("error") and a.get("decode_tok_s_bs1") is None:
             lines.append(f"| {name} | error: {a['error'][:100]} |" + " |" * 11)
             continue
+        if a.get("error"):
+            cut[name] = a["error"]
         mb = lambda x: x / 1e6 if x is not None else None  # noqa: E731
         lines.append(
             f"| {name} | {_pair(a['decode_tok_s_bs1'], a['decode_tok_s_bs8'])} | {_fmt(a['ttft_ms'])} ({_fmt(a['ttft_ms_with_swap'])}) | "
@@ -293,6 +311,9 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pair(mb(a['link_bytes_per_token_bs1']), mb(a['link_bytes_per_token_bs8']), '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
         )
+    if cut:
+        lines += ["", "Ended before their last batch (the batches shown had finished): "
+                  + "; ".join(f"{n}: {e}" for n, e in cut.items()) + "."]
     extra = batch_keys(result["arms"])[2:]
     if extra:
         lines += ["", "| arm | " + " | ".join(f"decode tok/s {b} | hit rate {b} | identical ids {b}" for b in extra) + " |",
