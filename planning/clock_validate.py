@@ -34,6 +34,7 @@ H100_V2 = "bench_gpu_learned_v2.json"
 H100_FAST = "bench_gpu_fast_h100.json"
 H100_GRAPHS = "bench_gpu_fast_graphs_h100.json"
 H100_ONERUN_V1, H100_ONERUN_V2 = "bench_gpu_fast_v1_beside_v2_h100.json", "bench_gpu_fast_v2_h100.json"
+H100_ONERUN2_V2 = "bench_gpu_fast_v2_onerun2_h100.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
@@ -98,12 +99,15 @@ MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2
             "h100-graphs": _h100("h100-30b-a3b-graphs", H100_GRAPHS, spec_arm="reap_static_cpu", batches=(1, 8, 32),
                           cache_arm="reap_fast"),
             **{f"h100-onerun-{v}": _h100(f"h100-30b-a3b-onerun-{v}", run, spec_arm="reap_static_cpu", batches=(1, 8, 32), cache_arm="reap_fast",
-                                         own_split=True) for v, run in (("v1", H100_ONERUN_V1), ("v2", H100_ONERUN_V2))}}
+                                         own_split=True) for v, run in (("v1", H100_ONERUN_V1), ("v2", H100_ONERUN_V2))},
+            "h100-onerun2-v2": _h100("h100-30b-a3b-onerun2-v2", H100_ONERUN2_V2, spec_arm="reap_static_cpu", batches=(1, 8, 32),
+                                     own_split=True)}
 """``simulate --machine``: the H200 runs (issue 25's table), the H100 run of 2026-12-06 on v1's and v2's traces, and the
 H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec), and
 the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm lost with the machine), and the H100 run of
 2026-12-07 with every arm but reap_cache on v2's trace and v1's (one engine per arm, both workloads; each fast arm splits by its
-own probe's rates)."""
+own probe's rates), and the H100 run of 2026-12-07 morning (another host: a faster CPU, a slower link) with every arm on v2's
+trace, stock offload cut after batch 8."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:

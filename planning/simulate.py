@@ -315,7 +315,8 @@ def main(argv: list[str]) -> int:
                         "or h100-fast: the H100 run at batch 1, 8 and 32 on v1's trace (bench_gpu_fast_h100.json), or h100-graphs: the same "
                         "with CUDA graphs up to batch 32 (bench_gpu_fast_graphs_h100.json), or h100-onerun-v1 / -v2: every arm but "
                         "reap_cache in one run on both traces (bench_gpu_fast_v1_beside_v2_h100.json, bench_gpu_fast_v2_h100.json; each "
-                        "fast arm splits by its own probe's rates)")
+                        "fast arm splits by its own probe's rates), or h100-onerun2-v2: every arm on v2's trace on another host "
+                        "(bench_gpu_fast_v2_onerun2_h100.json; stock offload cut after batch 8)")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     args = p.parse_args(argv)
     if (args.calibrate or args.validate) and not (args.clock and args.sets):
