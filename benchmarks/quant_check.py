@@ -86,13 +86,11 @@ def add_common_args(ap: argparse.ArgumentParser, default_out: str) -> None:
 
 
 def run_check(ap: argparse.ArgumentParser, a: argparse.Namespace, *, label: str, bench_flags: Sequence[str],
-              spec_extra: dict[str, Any], problems: Callable[[Raw], list[str]], kernel_keys: Sequence[str]) -> int:
-    """Run the arms and judge them. ``bench_flags``: bench-gpu options that carry the scheme (FP8's
-    ``--quantization``); ``spec_extra``: keys set on every arm's spec instead (a scheme bench-gpu has no
-    flag for; stock offload's ``cpu_offload_gb`` is then sized here, by ``dummy_weights.WEIGHT_BYTES``);
-    ``kernel_keys``: the ``moe_kernel`` fields printed per arm. Exit status 1 on any problem."""
+              problems: Callable[[Raw], list[str]], kernel_keys: Sequence[str]) -> int:
+    """Run the arms and judge them. ``bench_flags``: bench-gpu options that carry the scheme (its
+    ``--quantization``, which also sizes stock offload's ``cpu_offload_gb``); ``kernel_keys``: the
+    ``moe_kernel`` fields printed per arm. Exit status 1 on any problem."""
     from reap_swap.benchmarks import gpu_bench
-    from reap_swap.benchmarks.dummy_weights import WEIGHT_BYTES
     from reap_swap.benchmarks.shapes import SHAPES, write_model_dir
     from reap_swap.paths import bundled_model_dir
 
@@ -111,10 +109,7 @@ def run_check(ap: argparse.ArgumentParser, a: argparse.Namespace, *, label: str,
                                  "--slots-fraction", str(a.slots / shape.experts), "--deadline-s", str(a.deadline_s)])
     model_dir = write_model_dir(shape, bundled_model_dir(), workdir / "model", "bfloat16" if a.device == "cuda" else "float32")
     stock, reap, offload = gpu_bench.build_specs(args, model_dir)
-    if spec_extra.get("quantization"):  # a scheme bench-gpu has no flag for: it sized the offload for the model dtype
-        offload = {**offload, "offload_gib": offload["offload_gib"] * WEIGHT_BYTES[spec_extra["quantization"]] / shape.dtype_bytes}
-    specs = [{**stock, **spec_extra}] + [{**offload, **spec_extra} if n in OBSERVED else
-                                         {**reap, **spec_extra, "name": n, "env": EXTRA_ENV.get(n, {})} for n in arms[1:]]
+    specs = [stock] + [offload if n in OBSERVED else {**reap, "name": n, "env": EXTRA_ENV.get(n, {})} for n in arms[1:]]
     raw = gpu_bench.run_arms(specs, workdir, args)
     bad = problems(raw)
     for name, r in raw.items():

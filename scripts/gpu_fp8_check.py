@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap, "benchmarks/results/gpu_fp8_check.json")
     a = ap.parse_args(argv)
     quant = [] if a.quantization == "none" else ["--quantization", a.quantization]
-    return run_check(ap, a, label="FP8", bench_flags=quant, spec_extra={},
+    return run_check(ap, a, label="FP8", bench_flags=quant,
                      problems=lambda raw: problems(raw, a.slots, side=a.quantization != "none"),
                      kernel_keys=("quant_method", "fp8_backend", "fused_experts"))
 

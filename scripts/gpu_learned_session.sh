@@ -15,6 +15,8 @@
 #     RESULT=bench_gpu_fast_v2 RESULT_ALSO=bench_gpu_fast bash scripts/gpu_learned_session.sh bench $OUT   # issue 25's batch 32
 #   QUANT=fp8 ARMS=stock_gpu,stock_offload,reap_static,reap_cache,reap_fast,bf16_reap_fast WORKDIR=fp8 \
 #     RESULT=bench_gpu_fp8 bash scripts/gpu_learned_session.sh bench $OUT   # issue 27: FP8 arms + the bf16 fast baseline
+#   QUANT=w4a16 ARMS=stock_gpu,reap_cache,stock_offload,reap_static WORKDIR=w4 RESULT=bench_gpu_w4a16 \
+#     bash scripts/gpu_learned_session.sh bench $OUT   # issue 27's 4-bit arm (link path only: no CPU-path arms)
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -49,7 +51,7 @@ bench)
   # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
   [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
   # EXTRA=32: more batch sizes timed like bs8 (bench-gpu --extra-batches; not with the classifier arms)
-  # QUANT=fp8 (or fp8-block): every arm's experts quantized (bench-gpu --quantization) but bf16_reap_fast's
+  # QUANT=fp8, fp8-block or w4a16: every arm's experts quantized (bench-gpu --quantization) but bf16_reap_fast's
   A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume${EXTRA:+ --extra-batches $EXTRA}${QUANT:+ --quantization $QUANT}"
   # ALSO_V1=1 (with V2=1): every arm also runs v1's trace and sets on the same engine after v2's workload
   # (bench-gpu --also-trace: one engine build, two workloads, v1 beside v2 in one run), result RESULT_ALSO

@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", choices=["w4a16", "none"], default="w4a16")
     add_common_args(ap, "benchmarks/results/gpu_w4_check.json")
     a = ap.parse_args(argv)
-    quant = {} if a.quantization == "none" else {"quantization": a.quantization}  # not a bench-gpu flag: set on the arms' specs
-    return run_check(ap, a, label="W4", bench_flags=[], spec_extra=quant,
+    quant = [] if a.quantization == "none" else ["--quantization", a.quantization]
+    return run_check(ap, a, label="W4", bench_flags=quant,
                      problems=lambda raw: problems(raw, a.slots, quantized=a.quantization != "none"),
                      kernel_keys=("quant_method", "fused_experts", "w13_weight"))
 
