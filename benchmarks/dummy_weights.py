@@ -26,15 +26,33 @@ WEIGHT_BYTES = {"fp8": 1.0, "fp8-block": 1.0, "w4a16": 0.5 + 2 / 128}
 stock offload's ``cpu_offload_gb`` is sized by to leave the reap arms' GPU expert bytes."""
 
 
+LINK_WEIGHT_BYTES = {"fp8": 1.0, "fp8-block": 1.0, "w4a16": 0.5}
+"""Bytes a weight that a reap arm's miss moves per scheme: the banked (packed) weights only; per-expert scales
+stay whole on the GPU beside the bank (``server_ext/bank/side_tensors.py``). Stock offload moves its scales too."""
+
+
 def weight_scale(quantization: str | None, dtype_bytes: int) -> float:
     """An expert's bytes under ``quantization`` over its bytes in the model dtype (1.0 unquantized)."""
     return WEIGHT_BYTES[quantization] / dtype_bytes if quantization else 1.0
 
 
 def quantized_expert_bytes(expert_bytes: int, dtype_bytes: int, quantization: str | None) -> int:
-    """One expert's bytes (w13 + w2) under ``quantization``, from its bytes in the model dtype: link bytes per miss.
-    W4A16 counts its group scales too (a banked expert's scales stay on the GPU: about 3 % over its link bytes)."""
+    """One expert's bytes (w13 + w2 with their scales) under ``quantization``, from its bytes in the model dtype:
+    what it takes on the GPU or in stock offload's host copy."""
     return round(expert_bytes * weight_scale(quantization, dtype_bytes))
+
+
+def link_expert_bytes(expert_bytes: int, dtype_bytes: int, quantization: str | None) -> int:
+    """The bytes a reap arm's miss of one expert moves under ``quantization``: its banked weights, no scales."""
+    return round(expert_bytes * LINK_WEIGHT_BYTES[quantization] / dtype_bytes) if quantization else expert_bytes
+
+
+def int_dummies_active() -> bool:
+    """Whether vLLM's dummy loader, as its loaders look it up, is ``deterministic_int_dummies``' wrapper."""
+    import importlib
+
+    utils = importlib.import_module("vllm.model_executor.model_loader.weight_utils")
+    return any(hasattr(getattr(utils, n, None), "reap_wrapped") for n in ("initialize_single_dummy_weight", "initialize_dummy_weights"))
 
 
 def deterministic_int_dummies(seed: int = 1234) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .cudagraph import capture_sizes
 from .step_profile import profile_decode
-from .dummy_weights import FP8_BLOCK_CONFIG, W4A16_CONFIG, deterministic_int_dummies
+from .dummy_weights import FP8_BLOCK_CONFIG, W4A16_CONFIG, WEIGHT_BYTES, deterministic_int_dummies, int_dummies_active
 from .gpu_report import first_diff
 from .tp import tp_of
 
@@ -84,7 +84,7 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     elif quant == "w4a16":  # a compressed-tensors W4A16 checkpoint's config (int4, group 128, symmetric; Marlin on CUDA)
         kw.update(hf_overrides={"quantization_config": json.loads(json.dumps(W4A16_CONFIG))})
     elif quant is not None:
-        raise ValueError(f"unknown quantization {quant!r} (fp8, fp8-block, w4a16)")
+        raise ValueError(f"unknown quantization {quant!r} ({', '.join(WEIGHT_BYTES)})")
     return kw
 
 
@@ -93,9 +93,12 @@ def fill_int_dummies(spec: dict[str, Any], res: Results) -> None:
     (``dummy_weights.deterministic_int_dummies``). Patched in this process, where the engine core runs
     (VLLM_ENABLE_V1_MULTIPROCESSING=0): one GPU only."""
     if spec.get("quantization") == "w4a16":  # one GPU: bench-gpu refuses w4a16 with TP (tp.check)
-        patched = deterministic_int_dummies()
-        res.save("int_dummies_patched", patched)
-        if not patched:  # each arm would serve its own uninitialised int4 weights: ids and speed not comparable
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":  # the patch would miss the engine's own process
+            raise RuntimeError("w4a16 arms need VLLM_ENABLE_V1_MULTIPROCESSING=0: their integer dummies are filled in this process")
+        deterministic_int_dummies()
+        active = int_dummies_active()
+        res.save("int_dummies_patched", active)
+        if not active:  # each arm would serve its own uninitialised int4 weights: ids and speed not comparable
             raise RuntimeError("w4a16: vLLM's dummy loader was not found to patch (dummy_weights.deterministic_int_dummies)")
 
 

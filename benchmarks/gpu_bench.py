@@ -63,8 +63,9 @@ from .shapes import SHAPES, write_model_dir
 ARMS = ("stock_gpu", "stock_offload", "reap_all", "reap_30", "reap_30_cpu", "reap_30_fast", "reap_30_stage")
 CPU_ARMS = ("reap_30_cpu", "reap_30_fast")
 """Arms that run the CPU expert path (bf16 or FP8 experts)."""
-CPU_REFUSED = ("w4a16",)
-"""Schemes the CPU expert path refuses at load (``server_ext/cpu_experts/quant.py``): no CPU-path arms with them."""
+CPU_PATH_SCHEMES = ("fp8", "fp8-block")
+"""Schemes the CPU expert path computes (the server refuses others at load: ``launcher.check_cpu_path_quantization``);
+CPU-path arms run with these or unquantized only."""
 SWEEP = {"grid": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 100.0, 1000.0], "targets": [0.5, 0.75, 0.875, 0.95, 1.0], "calib_gen": 33}
 
 
@@ -204,7 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
     # the CPU expert path (and the fast mode, which runs it) needs CUDA: asked for by name
-    default = [a for a in names if not a.endswith(("_cpu", "_stage")) and a not in learned_bench.CUDA_ONLY]  # staging: asked for by name
+    default = [a for a in names if not a.endswith(("_cpu", "_stage")) and a not in CPU_ARMS and a not in learned_bench.CUDA_ONLY]  # staging: asked for by name
     args.arms = [a.strip() for a in (args.arms or ",".join(default)).split(",") if a.strip()]
     bad = [a for a in args.arms if a not in names]
     if bad or not args.arms:
@@ -219,7 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--also-trace runs with one GPU (with TP the replay lives in the workers, installed from one trace file)")
     if args.also_out and args.also_out.resolve() == args.out.resolve():
         p.error("--also-out must differ from --out")
-    if args.quantization in CPU_REFUSED:
+    if args.quantization and args.quantization not in CPU_PATH_SCHEMES:
         cpu_path = [a for a in args.arms if (a in CPU_ARMS or a in learned_bench.CUDA_ONLY) and a not in learned_bench.UNQUANTIZED]
         link_arms = "stock_gpu, stock_offload, reap_static, reap_cache, ..." if args.trace else "stock_gpu, stock_offload, reap_all, reap_30"
         if cpu_path:
@@ -304,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rebuild:
         # Table and summary again from a finished run's raw arm results (e.g. after the report changed).
         old = json.loads(args.rebuild.read_text())
-        if old.get("mode") == "learned":
+        if old.get("mode") == "learned":  # the views take --out's name: a rebuild must not overwrite the default run's
             return _write(learned_report.summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {}), old.get("context", {})),
-                          args, args.out)
+                          args, args.out, views=args.out.stem)
         return _write(summarize(old["raw"], shape, old["date"], old["command"], old.get("settings", {})), args, args.out)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(args)
     if args.trace:
         rc = _write(learned_report.summarize(raw, shape, date, command, settings, context), args, args.out,
-                    views=args.out.stem if args.also_trace else "bench_gpu")
+                    views=args.out.stem if args.also_trace or args.quantization else "bench_gpu")  # quantized: not bf16's views
         if args.also_trace:
             also_raw = {spec["name"]: also_result(raw[spec["name"]], spec) for spec in specs}
             also_settings = {**settings, "workload": "also", "engine_shared_with": str(args.trace)}

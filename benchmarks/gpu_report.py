@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .dummy_weights import quantized_expert_bytes
+from .dummy_weights import link_expert_bytes, quantized_expert_bytes
 from .hostlink import LinkModel, compare
 from .shapes import MoeShape
 from .tp import tp_of
@@ -28,15 +28,16 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     tp = tp_of(spec)
     hits1 = _get(raw, "hits_bs1", "hit_rate_decode")
     missed = _get(raw, "hits_bs1", "missed_pairs_per_token")
-    expert_bytes = quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, spec.get("quantization"))
+    quant = spec.get("quantization")
     if spec.get("kind") == "stock":
+        expert_bytes = quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant)
         # Stock decode reads every routed expert of each offloaded layer over the link.
         # (cpu_offload_gb is per GPU and each of the tensor_parallel_size ranks holds 1/N of every expert;
         # link bytes count every rank's link)
         offloaded_layers = (spec.get("offload_gib") or 0.0) * 2**30 / (shape.experts * expert_bytes / tp)
         link_bytes = offloaded_layers * shape.top_k * expert_bytes
     else:
-        link_bytes = missed * expert_bytes if missed is not None else None
+        link_bytes = missed * link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant) if missed is not None else None
     return {
         "tensor_parallel_size": tp,
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
@@ -164,7 +165,7 @@ def law_check(raw: dict[str, dict[str, Any]], shape: MoeShape, tolerance: float 
     t_tok, source = (full[-1]["decode_tok_s"], "reap_30 sweep at 100 % hits") if full else (_get(raw, "reap_all", "bs1", "decode_tok_s"), "reap_all bs1")
     if not sweep or not t_tok or not link:
         return None
-    expert_bytes = quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, _get(raw, "reap_30", "spec", "quantization"))
+    expert_bytes = link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, _get(raw, "reap_30", "spec", "quantization"))
     model = LinkModel(t_compute_s=1.0 / t_tok, link_gbps=link, layers=shape.layers, expert_bytes=expert_bytes)
     points = [{"hit_rate": p["hit_rate"], "decode_tok_s": p["decode_tok_s"], "factor": p["factor"]} for p in sweep if p.get("hit_rate") is not None]
     checked = compare(model, points, experts_per_layer=shape.top_k, tolerance=tolerance)

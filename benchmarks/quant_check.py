@@ -6,8 +6,8 @@ online cache (``reap_30_cache``) and in RAM-complement mode (``reap_30_ram``); e
 a bank within vLLM's 992 physical rows and generate greedy ids identical to stock's at batch 1 and 8.
 ``stock_offload`` records what stock vLLM's ``cpu_offload_gb`` does with the scheme at the same GPU expert
 bytes (issue 27: it breaks on Marlin weights in host memory in some versions): an observation, never a
-failure of the check. What differs per scheme: how the quantization reaches the arms, and what its bank
-must look like.
+failure of the check. The scheme reaches every arm as bench-gpu's ``--quantization``; what differs per
+scheme is what its bank must look like.
 """
 
 from __future__ import annotations

@@ -126,6 +126,55 @@ def test_quantization_reaches_every_arm_and_the_engine(tmp_path: Path) -> None:
         gpu_bench.parse_args(["--quantization", "fp8", "--arms", "reap_30"]) and gpu_bench.parse_args(["--arms", "bf16_reap_fast"])
 
 
+def test_default_arms_leave_out_the_cpu_path() -> None:
+    """The CPU-path arms are CUDA only and asked for by name: the defaults run anywhere and with any scheme."""
+    from reap_swap.benchmarks import gpu_bench
+
+    assert gpu_bench.parse_args(["--device", "cpu", "--shape", "tiny"]).arms == ["stock_gpu", "stock_offload", "reap_all", "reap_30"]
+    assert gpu_bench.parse_args(["--quantization", "w4a16"]).arms == ["stock_gpu", "stock_offload", "reap_all", "reap_30"]
+
+
+def test_quantized_reap_misses_move_the_banked_weights_only() -> None:
+    """A reap arm's miss moves the expert's banked weights (its scales stay beside the bank on the GPU); stock
+    offload's host copy holds the scales too. W4A16 at the 30B-A3B shape: 2.36 MB against 2.43 MB an expert."""
+    from reap_swap.benchmarks.dummy_weights import link_expert_bytes, quantized_expert_bytes
+    from reap_swap.benchmarks.gpu_report import arm_summary
+
+    shape = SHAPES["30b-a3b-24l"]
+    assert link_expert_bytes(shape.expert_bytes, 2, "w4a16") == shape.expert_bytes // 4 == 2_359_296
+    assert quantized_expert_bytes(shape.expert_bytes, 2, "w4a16") == 2_433_024
+    assert link_expert_bytes(shape.expert_bytes, 2, "fp8") == quantized_expert_bytes(shape.expert_bytes, 2, "fp8") == shape.expert_bytes // 2
+    assert link_expert_bytes(shape.expert_bytes, 2, None) == shape.expert_bytes
+    raw = {"spec": {"kind": "reap", "quantization": "w4a16"}, "hits_bs1": {"hit_rate_decode": 0.8, "missed_pairs_per_token": 10.0}}
+    assert arm_summary(raw, shape)["link_bytes_per_token_bs1"] == 10 * 2_359_296
+    plain = {**raw, "spec": {"kind": "reap"}}
+    assert arm_summary(plain, shape)["link_bytes_per_token_bs1"] == 10 * shape.expert_bytes
+
+
+def test_w4a16_arms_fill_their_int4_dummies_or_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """gpu_arm.fill_int_dummies: nothing for other schemes; for w4a16 the seeded fill must be active in this
+    process (the engine core's: VLLM_ENABLE_V1_MULTIPROCESSING=0), or the arm stops before building an engine."""
+    from reap_swap.benchmarks import gpu_arm
+
+    calls: list[int] = []
+    active = [True]
+    monkeypatch.setattr(gpu_arm, "deterministic_int_dummies", lambda: calls.append(1) or True)
+    monkeypatch.setattr(gpu_arm, "int_dummies_active", lambda: active[0])
+    res = gpu_arm.Results(tmp_path / "arm.json")
+    gpu_arm.fill_int_dummies({"quantization": "fp8"}, res)
+    assert calls == [] and "int_dummies_patched" not in res.data
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+        gpu_arm.fill_int_dummies({"quantization": "w4a16"}, res)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    gpu_arm.fill_int_dummies({"quantization": "w4a16"}, res)
+    assert calls == [1] and res.data["int_dummies_patched"] is True
+    active[0] = False
+    with pytest.raises(RuntimeError, match="dummy loader was not found"):
+        gpu_arm.fill_int_dummies({"quantization": "w4a16"}, res)
+    assert res.data["int_dummies_patched"] is False
+
+
 def test_w4a16_runs_the_link_path_arms_on_one_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--quantization w4a16 (issue 27's 4-bit arm): a compressed-tensors config in the engine, stock offload
     sized at 4 bits plus a bf16 scale per 128 weights; the CPU path (bf16 and FP8 only) and TP refused by name."""

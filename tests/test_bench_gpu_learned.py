@@ -157,16 +157,17 @@ def test_report_ratios_and_table() -> None:
               "model": {"shape": "s", "layers": 24, "experts": 128, "top_k": 8, "expert_mb": 9.44}}
     table = markdown(result)
     assert "| reap_static | 120.0 / 100.0 | 1.0 (2.0) |" in table and "reap_static_vs_stock_offload_bs1 | 3.000" in table
-    assert "Ended before their last batch" not in table and "quantized experts" not in table
-    quantized = {n: {**a, "quantization": "w4a16", "expert_bytes": 2_433_024} for n, a in arms.items() if n != "stock_gpu"}
-    assert ("quantized experts: w4a16 in stock_offload, reap_static (2.43 MB an expert, the link bytes of a miss); stock_gpu unquantized"
-            in markdown({**result, "arms": {**arms, **quantized}}))
+    assert "Ended with an error" not in table and "quantized experts" not in table
+    kinds = {"stock_offload": ("stock", 2_433_024), "reap_static": ("reap", 2_359_296)}
+    quantized = {n: {**arms[n], "quantization": "w4a16", "kind": k, "expert_bytes": b} for n, (k, b) in kinds.items()}
+    assert ("quantized experts: w4a16 in stock_offload, reap_static (a missed expert moves: reap arms 2.36 MB; stock 2.43 MB); "
+            "stock_gpu unquantized" in markdown({**result, "arms": {**arms, **quantized}}))
     # an arm cut after its finished batches keeps their row, the error said below the table; one with none is an error row
     cut = {**arms, "stock_offload": {**arms["stock_offload"], "error": "arm process ended with timeout"},
            "reap_cache": {**base, "decode_tok_s_bs1": None, "decode_tok_s_bs8": None, "error": "not run: the deadline"}}
     table = markdown({**result, "arms": cut})
     assert "| stock_offload | 40.0 / 50.0 |" in table and "| reap_cache | error: not run: the deadline |" in table
-    assert "Ended before their last batch (the batches shown had finished): stock_offload: arm process ended with timeout." in table
+    assert "Ended with an error (their rows show the batches that finished): stock_offload: arm process ended with timeout." in table
 
 
 @pytest.mark.parametrize("run, warned", [("bench_gpu_fast_v1_beside_v2_h100.json", True), ("bench_gpu_fast_graphs_h100.json", False)])
@@ -339,9 +340,10 @@ def test_fast_arms_are_the_cache_with_the_cpu_path_and_have_the_issue_25_ratios(
     assert r["fast_vs_stock_offload_bs1_e2e"] == pytest.approx(190 / 40) and r["fast_vs_static_cpu_bs1"] == pytest.approx(1.25)
 
 
-def test_quantized_learned_run_has_fp8_arms_beside_the_bf16_fast_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--quantization with --trace (issue 27): every arm FP8 but bf16_reap_fast, stock offload's GiB and the
-    expert bytes (link MB/token) at one byte a weight, and the ratios against stock FP8 offload and bf16's fast mode."""
+def test_quantized_learned_runs_size_their_arms_by_the_scheme(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--quantization with --trace (issue 27): FP8 arms beside bf16_reap_fast, stock offload's GiB and the expert
+    bytes at one byte a weight, the ratios against stock FP8 offload and bf16's fast mode; W4A16 arms sized at 4 bits
+    plus the group scales, their CPU-path arms refused."""
     from argparse import Namespace
 
     from reap_swap.benchmarks.gpu_bench import parse_args
@@ -520,3 +522,19 @@ def test_cpu_extra_batch_is_timed_checked_and_profiled_decoding_together(tmp_pat
     raw = json.loads((tmp_path / "work" / "reap_cache.json").read_text())
     assert raw["profile_bs4"]["batch"] == 4 and raw["profile"]["batch"] == 1 and raw["profile_bs4"]["steps"] == 3
     assert "Per decode step at batch 4" in (tmp_path / "bench.md").read_text()
+
+
+def test_a_rebuild_writes_its_views_under_its_own_name(tmp_path: Path) -> None:
+    """bench-gpu --rebuild of a learned run names the cache view after --out: it must not overwrite the views of
+    the default run (bench_gpu_cache.json) beside it."""
+    from reap_swap.benchmarks import gpu_bench
+
+    src = REPO / "benchmarks" / "results" / "bench_gpu_w4a16_h100.json"
+    out = tmp_path / "bench_gpu_w4a16_again.json"
+    (tmp_path / "bench_gpu_cache.json").write_text("{}")
+    assert gpu_bench.main(["--rebuild", str(src), "--out", str(out)]) == 0
+    assert (tmp_path / "bench_gpu_cache.json").read_text() == "{}"
+    view = json.loads((tmp_path / "bench_gpu_w4a16_again_cache.json").read_text())
+    assert view["arms"]["reap_cache"]["decode_tok_s_bs1"] == pytest.approx(199.24, abs=0.01)
+    again = json.loads(out.read_text())
+    assert again["arms"] == json.loads(src.read_text())["arms"], "the committed result is what its raw arms give"

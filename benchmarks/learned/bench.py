@@ -101,7 +101,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     profiled_prompt = max((q.prompt_len for reqs in profiled.values() for q in reqs), default=0)
     tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
     quant = getattr(args, "quantization", None)
-    scale = weight_scale(quant, shape.dtype_bytes)  # expert bytes and stock offload's GiB under the scheme
+    scale = weight_scale(quant, shape.dtype_bytes)  # stock offload's GiB under the scheme (scales included)
     base = {
         "runner": RUNNER,
         "model": str(model_dir),

@@ -13,20 +13,24 @@ from __future__ import annotations
 from typing import Any
 
 from .. import tp as tpm
+from ..dummy_weights import link_expert_bytes
 from ..gpu_report import _fmt, _get, _ratio, run_header
 from ..shapes import MoeShape
 
 REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement",
              "reap_static_cpu", "reap_fast", "reap_fast_classifier")
 LINK_FORMULA = ("link bytes/token = missed pairs per decoded token x expert bytes (3 x hidden x moe_intermediate x bytes a weight: the "
-                "dtype's, or the --quantization scheme's); bs8: an upper bound")
+                "dtype's, or the --quantization scheme's: reap arms its banked weights, stock offload with its scales); bs8: an upper bound")
 
 
 def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     spec = raw.get("spec", {})
     hits = raw.get("hits") or {}
 
-    expert_bytes = spec.get("expert_bytes") or shape.expert_bytes  # quantized arms: their scheme's bytes (learned.bench)
+    # a miss's bytes: a reap arm moves the banked weights (scales stay on the GPU), stock offload the whole expert
+    quant = spec.get("quantization")
+    expert_bytes = (link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant) if spec.get("kind") == "reap"
+                    else spec.get("expert_bytes") or shape.expert_bytes)
 
     def link(key: str) -> float | None:
         missed = _get(hits, key, "missed_pairs_per_token")
@@ -268,10 +272,13 @@ def quantized_line(arms: dict[str, Any]) -> list[str]:
     if not quantized:
         return []
     schemes = sorted({a["quantization"] for a in quantized.values()})
-    sizes = sorted({a["expert_bytes"] / 1e6 for a in quantized.values() if a.get("expert_bytes")})
+    sizes = {kind: sorted({a["expert_bytes"] / 1e6 for a in quantized.values() if a.get("kind") == kind and a.get("expert_bytes")})
+             for kind in ("reap", "stock")}
+    moved = "; ".join(f"{'reap arms' if kind == 'reap' else 'stock'} {' / '.join(f'{mb:.2f}' for mb in mbs)} MB"
+                      for kind, mbs in sizes.items() if mbs)
     plain = [n for n in arms if n not in quantized]
-    return [f"quantized experts: {', '.join(schemes)} in {', '.join(quantized)} ({', '.join(f'{mb:.2f}' for mb in sizes)} MB an expert, the "
-            f"link bytes of a miss)" + (f"; {', '.join(plain)} unquantized" if plain else "")]
+    return [f"quantized experts: {', '.join(schemes)} in {', '.join(quantized)} (a missed expert moves: {moved})"
+            + (f"; {', '.join(plain)} unquantized" if plain else "")]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -312,7 +319,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
         )
     if cut:
-        lines += ["", "Ended before their last batch (the batches shown had finished): "
+        lines += ["", "Ended with an error (their rows show the batches that finished): "
                   + "; ".join(f"{n}: {e}" for n, e in cut.items()) + "."]
     extra = batch_keys(result["arms"])[2:]
     if extra:
