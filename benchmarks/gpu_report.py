@@ -29,17 +29,20 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     hits1 = _get(raw, "hits_bs1", "hit_rate_decode")
     missed = _get(raw, "hits_bs1", "missed_pairs_per_token")
     quant = spec.get("quantization")
+    expert_bytes = miss_bytes(shape, spec)
     if spec.get("kind") == "stock":
-        expert_bytes = quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant)
         # Stock decode reads every routed expert of each offloaded layer over the link.
         # (cpu_offload_gb is per GPU and each of the tensor_parallel_size ranks holds 1/N of every expert;
         # link bytes count every rank's link)
         offloaded_layers = (spec.get("offload_gib") or 0.0) * 2**30 / (shape.experts * expert_bytes / tp)
         link_bytes = offloaded_layers * shape.top_k * expert_bytes
     else:
-        link_bytes = missed * link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant) if missed is not None else None
+        link_bytes = missed * expert_bytes if missed is not None else None
     return {
         "tensor_parallel_size": tp,
+        "kind": spec.get("kind"),
+        "quantization": quant,
+        "expert_bytes": expert_bytes,
         "decode_tok_s_bs1": _get(raw, "bs1", "decode_tok_s"),
         "decode_tok_s_bs8": _get(raw, "bs8", "decode_tok_s"),
         "decode_tok_s_bs1_e2e": _get(raw, "bs1", "decode_tok_s_e2e"),
@@ -62,6 +65,40 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         "error": raw.get("error"),
         **length_summary(raw),
     }
+
+
+def miss_bytes(shape: MoeShape, spec: dict[str, Any]) -> int:
+    """The bytes one missed expert moves in this arm: a reap arm its banked weights (scales stay beside the bank on
+    the GPU), stock offload the whole expert with its scales."""
+    quant = spec.get("quantization")
+    if spec.get("kind") == "reap":
+        return link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant)
+    return quantized_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant)
+
+
+def quantized_line(arms: dict[str, Any]) -> list[str]:
+    """The header's word on a ``--quantization`` run: the scheme, the arms that serve it and what a miss moves."""
+    quantized = {n: a for n, a in arms.items() if a.get("quantization")}
+    if not quantized:
+        return []
+    schemes = sorted({a["quantization"] for a in quantized.values()})
+    sizes = {kind: sorted({a["expert_bytes"] / 1e6 for a in quantized.values() if a.get("kind") == kind and a.get("expert_bytes")})
+             for kind in ("reap", "stock")}
+    moved = "; ".join(f"{'reap arms' if kind == 'reap' else 'stock'} {' / '.join(f'{mb:.2f}' for mb in mbs)} MB"
+                      for kind, mbs in sizes.items() if mbs)
+    plain = [n for n in arms if n not in quantized]
+    return [f"quantized experts: {', '.join(schemes)} in {', '.join(quantized)} (a missed expert moves: {moved})"
+            + (f"; {', '.join(plain)} unquantized" if plain else "")]
+
+
+def cut_arms(arms: dict[str, Any]) -> dict[str, str]:
+    """Arms that ended with an error after their batch-1 timing finished: their rows stay, the error said below."""
+    return {n: a["error"] for n, a in arms.items() if a.get("error") and a.get("decode_tok_s_bs1") is not None}
+
+
+def cut_lines(arms: dict[str, Any]) -> list[str]:
+    cut = cut_arms(arms)
+    return ["", "Ended with an error (their rows show the batches that finished): " + "; ".join(f"{n}: {e}" for n, e in cut.items()) + "."] if cut else []
 
 
 def length_summary(raw: dict[str, Any]) -> dict[str, Any]:
@@ -193,8 +230,9 @@ def _arm_table(result: dict[str, Any]) -> list[str]:
         "| arm | decode tok/s bs1 | decode tok/s bs8 | TTFT bs1 ms | decode hit rate | link MB/token | GPU GiB | pinned host GiB | syncs/step | identical ids bs1 / bs8 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    cut = cut_arms(result["arms"])
     for name, a in result["arms"].items():
-        if a.get("error"):
+        if a.get("error") and name not in cut:
             lines.append(f"| {name} | error: {a['error'][:80]} | | | | | | | | |")
             continue
         lb = a.get("link_bytes_per_token_bs1")
@@ -203,7 +241,7 @@ def _arm_table(result: dict[str, Any]) -> list[str]:
             f"{_fmt(a['hit_rate_decode'], '.3f')} | {_fmt(lb / 1e6 if lb is not None else None, '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['syncs_per_decode_step'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a.get('identical_ids_bs8'))} |"
         )
-    return lines
+    return lines + cut_lines(result["arms"])
 
 
 def _length_table(result: dict[str, Any], lens: list[int]) -> list[str]:
@@ -237,6 +275,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result.get('gpu', '?')}, vLLM {result.get('vllm', '?')}, torch {result.get('torch', '?')}; model {result['model']['shape']} "
         f"({result['model']['layers']} layers x {result['model']['experts']} experts x {result['model']['expert_mb']:.2f} MB, top-{result['model']['top_k']}, dummy weights, per-layer routers)",
         f"command: `{result['command']}`",
+        *quantized_line(result["arms"]),
         f"decode tok/s: {result.get('decode_estimator', '')}",
         "",
     ]

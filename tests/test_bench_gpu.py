@@ -151,6 +151,22 @@ def test_quantized_reap_misses_move_the_banked_weights_only() -> None:
     assert arm_summary(plain, shape)["link_bytes_per_token_bs1"] == 10 * shape.expert_bytes
 
 
+def test_the_synthetic_table_keeps_a_cut_arm_and_names_the_scheme() -> None:
+    """The synthetic report shares the learned one's header line on quantized runs and keeps the row of an arm
+    that ended with an error after batch 1 finished (the error under the table); an arm with no timing is an error row."""
+    from reap_swap.benchmarks.gpu_report import _arm_table, arm_summary, quantized_line
+
+    shape = SHAPES["30b-a3b-24l"]
+    timed = {"bs1": {"decode_tok_s": 80.0}, "bs8": {"decode_tok_s": 150.0}, "memory": {"gpu_used_gib": 7.4}}
+    arms = {"stock_offload": arm_summary({**timed, "spec": {"kind": "stock", "quantization": "w4a16", "offload_gib": 4.9},
+                                          "error": "arm process ended with timeout"}, shape),
+            "reap_30": arm_summary({"spec": {"kind": "reap", "quantization": "w4a16"}, "error": "OOM"}, shape)}
+    table = "\n".join(_arm_table({"arms": arms}))
+    assert "| stock_offload | 80.0 | 150.0 |" in table and "| reap_30 | error: OOM |" in table
+    assert table.endswith("Ended with an error (their rows show the batches that finished): stock_offload: arm process ended with timeout.")
+    assert quantized_line(arms) == ["quantized experts: w4a16 in stock_offload, reap_30 (a missed expert moves: reap arms 2.36 MB; stock 2.43 MB)"]
+
+
 def test_w4a16_arms_fill_their_int4_dummies_or_stop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """gpu_arm.fill_int_dummies: nothing for other schemes; for w4a16 the seeded fill must be active in this
     process (the engine core's: VLLM_ENABLE_V1_MULTIPROCESSING=0), or the arm stops before building an engine."""

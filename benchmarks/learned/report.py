@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import tp as tpm
-from ..dummy_weights import link_expert_bytes
-from ..gpu_report import _fmt, _get, _ratio, run_header
+from ..gpu_report import _fmt, _get, _ratio, cut_arms, cut_lines, miss_bytes, quantized_line, run_header
 from ..shapes import MoeShape
 
 REAP_ARMS = ("reap_static", "reap_plan", "reap_classifier", "reap_cache", "reap_classifier_complement", "reap_cache_complement",
@@ -27,10 +26,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
     spec = raw.get("spec", {})
     hits = raw.get("hits") or {}
 
-    # a miss's bytes: a reap arm moves the banked weights (scales stay on the GPU), stock offload the whole expert
-    quant = spec.get("quantization")
-    expert_bytes = (link_expert_bytes(shape.expert_bytes, shape.dtype_bytes, quant) if spec.get("kind") == "reap"
-                    else spec.get("expert_bytes") or shape.expert_bytes)
+    expert_bytes = miss_bytes(shape, spec)
 
     def link(key: str) -> float | None:
         missed = _get(hits, key, "missed_pairs_per_token")
@@ -266,21 +262,6 @@ def _pair(a: Any, b: Any, spec: str = ".1f") -> str:
     return f"{_fmt(a, spec)} / {_fmt(b, spec)}"
 
 
-def quantized_line(arms: dict[str, Any]) -> list[str]:
-    """The header's word on a ``--quantization`` run: the scheme, the arms that serve it and one expert's bytes."""
-    quantized = {n: a for n, a in arms.items() if a.get("quantization")}
-    if not quantized:
-        return []
-    schemes = sorted({a["quantization"] for a in quantized.values()})
-    sizes = {kind: sorted({a["expert_bytes"] / 1e6 for a in quantized.values() if a.get("kind") == kind and a.get("expert_bytes")})
-             for kind in ("reap", "stock")}
-    moved = "; ".join(f"{'reap arms' if kind == 'reap' else 'stock'} {' / '.join(f'{mb:.2f}' for mb in mbs)} MB"
-                      for kind, mbs in sizes.items() if mbs)
-    plain = [n for n in arms if n not in quantized]
-    return [f"quantized experts: {', '.join(schemes)} in {', '.join(quantized)} (a missed expert moves: {moved})"
-            + (f"; {', '.join(plain)} unquantized" if plain else "")]
-
-
 def markdown(result: dict[str, Any]) -> str:
     m, ctx = result["model"], result.get("context", {})
     wl = ctx.get("workload", {})
@@ -302,13 +283,11 @@ def markdown(result: dict[str, Any]) -> str:
         "| offline (requests run) bs1 / bs8 | predicted (sets file) bs1 / bs8 | link MB/token bs1 / bs8 | GPU GiB | pinned host GiB | identical ids bs1 / bs8 |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    cut = {}  # arms that ended with an error after some batches finished: their rows stay, the error below
+    cut = cut_arms(result["arms"])
     for name, a in result["arms"].items():
-        if a.get("error") and a.get("decode_tok_s_bs1") is None:
+        if a.get("error") and name not in cut:
             lines.append(f"| {name} | error: {a['error'][:100]} |" + " |" * 11)
             continue
-        if a.get("error"):
-            cut[name] = a["error"]
         mb = lambda x: x / 1e6 if x is not None else None  # noqa: E731
         lines.append(
             f"| {name} | {_pair(a['decode_tok_s_bs1'], a['decode_tok_s_bs8'])} | {_fmt(a['ttft_ms'])} ({_fmt(a['ttft_ms_with_swap'])}) | "
@@ -318,9 +297,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pair(mb(a['link_bytes_per_token_bs1']), mb(a['link_bytes_per_token_bs8']), '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
         )
-    if cut:
-        lines += ["", "Ended with an error (their rows show the batches that finished): "
-                  + "; ".join(f"{n}: {e}" for n, e in cut.items()) + "."]
+    lines += cut_lines(result["arms"])
     extra = batch_keys(result["arms"])[2:]
     if extra:
         lines += ["", "| arm | " + " | ".join(f"decode tok/s {b} | hit rate {b} | identical ids {b}" for b in extra) + " |",
