@@ -201,7 +201,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     learned.add_argument("--also-out", type=Path, help="result JSON of the --also-trace workload (its own table beside it)")
     learned.add_argument("--extra-batches", default="",
                          help="more batch sizes timed like --batch, comma-separated (e.g. 32: keys bs32; one group each unless the "
-                              "trace holds more, up to --groups); not with the classifier arms (their sets are per --batch group)")
+                              "trace holds more, up to --groups); the classifier arms need the sets file's classifier_bs<B> "
+                              "(reap-swap learned-sets --extra-batches B)")
     args = p.parse_args(argv)
     names = learned_bench.ARMS if args.trace else ARMS
     # the CPU expert path (and the fast mode, which runs it) needs CUDA: asked for by name
@@ -267,8 +268,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--extra-batches runs with --trace (the learned-routing arms)")
     if any(b < 2 or b == args.batch for b in args.extra_batches):
         p.error(f"--extra-batches must be >= 2 and differ from --batch {args.batch}, got {args.extra_batches}")
-    if args.extra_batches and any("classifier" in a for a in args.arms):
-        p.error("--extra-batches cannot run the classifier arms (the sets file has classifier sets per --batch group only)")
     count = None
     if args.device == "cuda" and args.tensor_parallel_size > 1:
         import torch

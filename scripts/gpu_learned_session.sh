@@ -40,7 +40,7 @@ retrain)
   SIBLING=0 bash $R/scripts/gpu_train_learned.sh $W/train_out
   cp $W/train_out/learned128_t0.8.npz $W/train_out/learned128_t0.npz $W/
   timeout 240 rs learned-sets --obs /tmp/obs128 --trace $W/learned128_t0.8.npz $W/learned128_t0.npz --model /tmp/learned128 \
-    --corpus $R/example/realistic/test.jsonl $R/example/corpus/test.jsonl --slots-fraction 0.3 --workdir $W/sets \
+    --corpus $R/example/realistic/test.jsonl $R/example/corpus/test.jsonl --slots-fraction 0.3 --extra-batches 32 --workdir $W/sets \
     --out $W/learned_sets.json > $W/sets.log 2>&1
   cp $W/learned128_t0.8.npz $W/learned128_t0.npz $W/learned_sets.json $OUT/ 2>/dev/null
   cp $W/train_out/card_and_logs.tar.xz $OUT/; cp $W/sets.log $OUT/

@@ -32,7 +32,8 @@ def counts(trace: traces.RoutingTrace, reqs: list[int], layer: int) -> np.ndarra
     return np.bincount(trace.ids[rows, layer].astype(np.int64).ravel(), minlength=trace.num_experts)
 
 
-def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch: int = 8, name: str = TRACE.name.removesuffix(".npz")) -> dict[str, Any]:
+def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch: int = 8, name: str = TRACE.name.removesuffix(".npz"),
+               extra_batches: tuple[int, ...] = ()) -> dict[str, Any]:
     """A small sets file in ``reap-swap learned-sets``'s schema, restricted to ``layers`` (MoE layer ids).
 
     static_topk: the heaviest experts of requests 32.. (other requests than the timed ones);
@@ -59,6 +60,10 @@ def write_sets(trace: traces.RoutingTrace, path: Path, layers: list[int], batch:
         "scores": {name: {"static_topk": {"hit_rate_decode": 0.61, "hit_rate_prefill": 0.6}, "plan": {"hit_rate_decode": 0.5},
                           "classifier": {"hit_rate_decode": 0.8}, "classifier_bs8": {"hit_rate_decode": 0.7}}},
     }
+    for b in extra_batches:  # learned-sets --extra-batches B
+        data["per_request"][f"classifier_bs{b}"] = {name: {str(g): payload(lambda l: top(counts(trace, list(range(g * b, g * b + b)), l), SLOTS))
+                                                           for g in range(n // b)}}
+        data["scores"][name][f"classifier_bs{b}"] = {"hit_rate_decode": 0.65}
     path.write_text(json.dumps(data))
     return data
 
@@ -538,3 +543,33 @@ def test_a_rebuild_writes_its_views_under_its_own_name(tmp_path: Path) -> None:
     assert view["arms"]["reap_cache"]["decode_tok_s_bs1"] == pytest.approx(199.24, abs=0.01)
     again = json.loads(out.read_text())
     assert again["arms"] == json.loads(src.read_text())["arms"], "the committed result is what its raw arms give"
+
+
+def test_the_classifier_arms_run_extra_batches_from_the_sets_files_groups(tmp_path: Path) -> None:
+    """Issue 25's classifier prior at batch 32: with the sets file's classifier_bs<B> (learned-sets --extra-batches B)
+    each group of B swaps to (or, in the fast mode, starts its cache from) its own set; without it the classifier
+    arms at --extra-batches B are refused, naming the command that makes them; other arms run either way."""
+    from argparse import Namespace
+
+    from reap_swap.benchmarks.learned.bench import build_specs
+    from reap_swap.benchmarks.learned.inputs import SetsError, load_sets
+    from reap_swap.benchmarks.shapes import SHAPES
+
+    trace = traces.load(TRACE)
+    common = dict(trace=TRACE, trace_layers=TRACE_LAYERS, requests=2, groups=2, gen=4, gen_bs8=5, batch=8, reps=1,
+                  kv_cache_gib=1.0, device="cuda", profile_steps=0, extra_batches=[16])
+    plain_path, model = _sets_and_model(tmp_path)
+    arms = ["reap_static", "reap_classifier", "reap_fast_classifier"]
+    with pytest.raises(SetsError, match="no classifier sets for groups of 16.*learned-sets .* --extra-batches 16"):
+        build_specs(Namespace(**common, sets=plain_path, arms=arms), model, SHAPES["tiny128"])
+    assert build_specs(Namespace(**common, sets=plain_path, arms=["reap_static"]), model, SHAPES["tiny128"])[0][0]["extra_batches"]
+    sets_path = tmp_path / "sets16.json"
+    write_sets(trace, sets_path, TRACE_LAYERS, extra_batches=(16,))
+    assert sorted(load_sets(sets_path, TRACE.name.removesuffix(".npz")).classifier_extra) == [16]
+    by = {s["name"]: s for s in build_specs(Namespace(**common, sets=sets_path, arms=arms), model, SHAPES["tiny128"])[0]}
+    clf, fast = by["reap_classifier"], by["reap_fast_classifier"]
+    groups = [g["group"] for g in clf["extra_batches"][0]["groups"]]
+    assert set(clf["per_group_extra"]["bs16"]) == {str(g) for g in groups} and fast["per_group_extra"] == clf["per_group_extra"]
+    assert clf["per_group_extra"]["bs16"] != {str(g): by["reap_static"]["start"] for g in groups}, "the group's own set, not the static one"
+    assert 0 < clf["offline"]["bs16"]["hit_rate_decode"] <= 1 and clf["predicted"]["bs16"] == 0.65
+    assert "per_group_extra" not in by["reap_static"] and by["reap_static"]["predicted"]["bs16"] == by["reap_static"]["predicted"]["bs8"]

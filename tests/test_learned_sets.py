@@ -200,20 +200,23 @@ def test_cli_end_to_end_on_a_synthetic_observation(tmp_path: Path, capsys: pytes
     write_trace(tmp_path / "small_t.npz", model)
     out = tmp_path / "sets.json"
     argv = ["learned-sets", "--obs", str(tmp_path / "obs"), "--trace", str(tmp_path / "small_t.npz"), "--model", str(model),
-            "--slots-fraction", "0.3", "--features", "tokens", "--batch", "4", "--workdir", str(tmp_path / "work"), "--out", str(out)]
+            "--slots-fraction", "0.3", "--features", "tokens", "--batch", "4", "--extra-batches", "6", "--workdir", str(tmp_path / "work"),
+            "--out", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     slots, layers = data["slots_per_layer"], data["layers"]
     assert slots == 5 and layers == list(range(6)) and data["num_experts"] == 16
     everything = list(data["sets"].values())
-    for arm in ("classifier", "classifier_bs8", "oracle", "oracle_bs8"):
+    for arm in ("classifier", "classifier_bs8", "oracle", "oracle_bs8", "classifier_bs6", "oracle_bs6"):
         everything += list(data["per_request"][arm]["small_t"].values())
     assert len(data["per_request"]["classifier"]["small_t"]) == 10 and len(data["per_request"]["classifier_bs8"]["small_t"]) == 3
+    # --extra-batches 6: the proxy's policy over groups of 6 in flight (requests 0-5, 6-9), scored like the others
+    assert data["groups_bs6"]["small_t"] == {"0": [0, 1, 2, 3, 4, 5], "1": [6, 7, 8, 9]} and len(data["per_request"]["classifier_bs6"]["small_t"]) == 2
     for sets in everything:
         assert sorted(sets) == sorted(f"layer_{l}" for l in layers)
         assert all(len(v) == slots == len(set(v)) for v in sets.values())
     scores = data["scores"]["small_t"]
-    assert set(scores) >= {"static_topk", "plan", "classifier", "classifier_bs8", "oracle"}
+    assert set(scores) >= {"static_topk", "plan", "classifier", "classifier_bs8", "oracle", "classifier_bs6", "oracle_bs6"}
     assert all(0 <= scores[a]["hit_rate_decode"] <= 1 for a in scores)
     assert scores["oracle"]["gate_mass_hit_decode"] >= max(scores[a]["gate_mass_hit_decode"] for a in scores) - 1e-12
     assert data["classifier"]["chosen_features"] == "tokens" and 0 < data["classifier"]["cv_coverage"] <= 1
@@ -222,3 +225,16 @@ def test_cli_end_to_end_on_a_synthetic_observation(tmp_path: Path, capsys: pytes
     # a second run reuses the plan and the classifier (same commands, same inputs)
     assert main(argv) == 0
     assert all(s["reused"] for s in json.loads(out.read_text())["provenance"]["steps"])
+
+
+@pytest.mark.parametrize("extra, said", [("8", "differ from --batch 4 and from 8"), ("4", "differ from --batch 4"), ("1", "must be >= 2"),
+                                         ("x", "takes group sizes like 32")])
+def test_cli_refuses_bad_extra_batches(tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, said: str) -> None:
+    """classifier_bs8 names --batch's groups whatever their size, so 8 cannot be an extra group size beside another --batch."""
+    from reap_swap.cli import main
+
+    argv = ["learned-sets", "--obs", str(tmp_path), "--trace", str(tmp_path / "t.npz"), "--model", str(tmp_path), "--batch", "4",
+            "--extra-batches", extra, "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and said in capsys.readouterr().err and not (tmp_path / "o.json").exists()

@@ -41,13 +41,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from reap_swap.planning import traces
 
 from .. import tp as tpm
 from .inputs import (
     SetsError,
+    Target,
     classifier_set,
     default_trace_layers,
     groups_bs8,
@@ -90,7 +91,14 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     bs1 = select_bs1(trace, args.requests, args.gen, keep=lambda q: not classifier or classifier_set(sets, q) is not None)
     bs8 = groups_bs8(trace, args.batch, args.groups, args.gen_bs8, keep=lambda g: not classifier or str(g) in sets.classifier_bs8)
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
-    extra = {b: extra_groups(trace, b, args.groups, args.gen_bs8) for b in getattr(args, "extra_batches", None) or []}
+    extra_batches = getattr(args, "extra_batches", None) or []
+    missing = [b for b in extra_batches if b not in sets.classifier_extra]
+    if missing and any("classifier" in a for a in args.arms):
+        raise SetsError(f"{args.sets} has no classifier sets for groups of {', '.join(map(str, missing))} (the classifier arms at "
+                        f"--extra-batches): make them with reap-swap learned-sets ... --extra-batches {','.join(map(str, extra_batches))}")
+    # groups with a classifier set where the file has them (the workload does not depend on the arms a call runs)
+    extra = {b: extra_groups(trace, b, args.groups, args.gen_bs8, keep=(lambda g, b=b: str(g) in sets.classifier_extra[b])
+                             if b in sets.classifier_extra else (lambda g: True)) for b in extra_batches}
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     longest = max(q.prompt_len + q.gen for q in bs1 + [q for reqs in bs8 for q in reqs] + [q for gs in extra.values() for reqs in gs for q in reqs])
     # what the profiled arms profile (arm.run_workload), each set decoding together: bs1's first request, and
@@ -136,9 +144,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         base["max_num_seqs"] = max([args.batch, *extra])
     fixed = {"reap_static": model_target(sets.static, trace, trace_layers), "reap_plan": model_target(sets.plan, trace, trace_layers)}
     per_request = per_group = None
+    per_group_extra: dict[int, dict[str, Target]] = {}
     if classifier:
         per_request = {str(q.index): model_target(classifier_set(sets, q) or {}, trace, trace_layers) for q in bs1}
         per_group = {str(g["group"]): model_target(sets.classifier_bs8[str(g["group"])], trace, trace_layers) for g in groups}
+        per_group_extra = {b: {str(reqs[0].index // b): model_target(sets.classifier_extra[b][str(reqs[0].index // b)], trace, trace_layers)
+                               for reqs in gs} for b, gs in extra.items() if b in sets.classifier_extra}
 
     def reap(arm: str, score: str, score_bs8: str) -> dict[str, Any]:
         spec: dict[str, Any] = {**base, "name": arm, "kind": "reap", "slots": sets.slots}
@@ -147,16 +158,18 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
             spec.update(start=per_request[str(bs1[0].index)], per_request=per_request, per_group=per_group)
             runs1 = [([q], membership(per_request[str(q.index)], shape.experts)) for q in bs1]
             runs8 = [(reqs, membership(per_group[str(reqs[0].index // args.batch)], shape.experts)) for reqs in bs8]
+            if extra:  # each group of B swaps to its own classifier set first
+                spec["per_group_extra"] = {f"bs{b}": groups_b for b, groups_b in per_group_extra.items()}
         else:
             spec["start"] = fixed[arm]
             runs1 = [(bs1, membership(fixed[arm], shape.experts))]
             runs8 = [(reqs, membership(fixed[arm], shape.experts)) for reqs in bs8]
         spec["offline"] = {"bs1": offline_rates(trace, trace_layers, runs1), "bs8": offline_rates(trace, trace_layers, runs8)}
         spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
-        if arm != "reap_classifier":
-            for b, gs in extra.items():
-                spec["offline"][f"bs{b}"] = offline_rates(trace, trace_layers, [(reqs, membership(fixed[arm], shape.experts)) for reqs in gs])
-                spec["predicted"][f"bs{b}"] = predicted(sets.scores, score_bs8)
+        for b, gs in extra.items():
+            target = (lambda reqs, b=b: per_group_extra[b][str(reqs[0].index // b)]) if arm == "reap_classifier" else (lambda reqs: fixed[arm])
+            spec["offline"][f"bs{b}"] = offline_rates(trace, trace_layers, [(reqs, membership(target(reqs), shape.experts)) for reqs in gs])
+            spec["predicted"][f"bs{b}"] = predicted(sets.scores, f"classifier_bs{b}" if arm == "reap_classifier" else score_bs8)
         return spec
 
     def fast_classifier_arm() -> dict[str, Any]:
@@ -240,11 +253,12 @@ def pair_specs(first: list[dict[str, Any]], second: list[dict[str, Any]], also_d
     return out
 
 
-def extra_groups(trace: Any, batch: int, groups: int, gen: int) -> list[list[Any]]:
-    """Up to ``groups`` groups of ``batch`` consecutive decodable trace requests (as many as the trace holds, at least one)."""
+def extra_groups(trace: Any, batch: int, groups: int, gen: int, keep: Callable[[int], bool] = lambda g: True) -> list[list[Any]]:
+    """Up to ``groups`` groups of ``batch`` consecutive decodable trace requests (as many as the trace holds, at least one)
+    among those ``keep`` (by group index) accepts."""
     for count in range(max(1, groups), 0, -1):
         try:
-            return groups_bs8(trace, batch, count, gen)
+            return groups_bs8(trace, batch, count, gen, keep=keep)
         except SetsError:
             continue
     raise SetsError(f"the trace holds no complete group of {batch} decodable requests (--extra-batches {batch})")

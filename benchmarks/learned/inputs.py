@@ -22,7 +22,8 @@ the batch-8 workload is trace requests ``8g .. 8g+7``.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -69,6 +70,8 @@ class LearnedSets:
     classifier: dict[str, LayerSets]
     classifier_bs8: dict[str, LayerSets]
     scores: dict[str, Any]
+    classifier_extra: dict[int, dict[str, LayerSets]] = field(default_factory=dict)
+    """``classifier_bs<B>`` of ``learned-sets --extra-batches``: by group size B, then consecutive group index."""
 
 
 def _experts(ids: Any) -> list[int]:
@@ -137,6 +140,7 @@ def load_sets(path: str | Path, trace_name: str) -> LearnedSets:
         classifier=per("classifier"),
         classifier_bs8=per("classifier_bs8"),
         scores=dict(scores.get(trace_name) if isinstance(scores.get(trace_name), Mapping) else scores),
+        classifier_extra={int(m.group(1)): per(k) for k in per_request if (m := re.fullmatch(r"classifier_bs(\d+)", k)) and k != "classifier_bs8"},
     )
 
 

@@ -255,7 +255,9 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     sets = {"static_topk": ls.static_topk(obs.sample_mass[train_idx], obs.layer_ids, slots),
             "plan": ls.static_policy_set(policy, plain.prior_wish(), ls.prior_of(plan, None)),
             "classifier_prior": ls.static_policy_set(policy, with_clf.prior_wish(), clf_prior)}
-    per_req: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in ("classifier", "classifier_bs8", "oracle", "oracle_bs8")}
+    grouped_keys = [k for b in a.extra_batches for k in (f"classifier_bs{b}", f"oracle_bs{b}")]
+    per_req: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in ("classifier", "classifier_bs8", "oracle", "oracle_bs8", *grouped_keys)}
+    extra_groups_out: dict[str, dict[str, dict[str, list[int]]]] = {f"groups_bs{b}": {} for b in a.extra_batches}
     scores: dict[str, dict[str, Any]] = {}
     requests, groups_out, policy_log, timings, diagnostics = {}, {}, {}, {}, {}
     for name, trace in traces.items():
@@ -286,6 +288,15 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                             "classifier_bs8": {"swaps": bsn.swaps, "kept": {str(i): r for i, r in enumerate(bsn.reasons) if r != "swap"}}}
         arms = {**{k: ls.fixed(v) for k, v in sets.items()}, "classifier": ls.per_request(bs1.sets), "classifier_bs8": ls.grouped(bsn.sets, a.batch),
                 "oracle": ls.per_request(oracle), "oracle_bs8": ls.grouped(oracle_n, a.batch)}
+        for b in a.extra_batches:  # bench-gpu --extra-batches B: the proxy's policy over each consecutive group of B in flight
+            groups_b = ls.groups_of(n, b)
+            bsb = ls.replay_policy(policy, [[wishes[i] for i in g] for g in groups_b], clf_prior)
+            oracle_b = [ls.oracle_sets(trace, g, slots) for g in groups_b]
+            extra_groups_out[f"groups_bs{b}"][name] = {str(g): grp for g, grp in enumerate(groups_b)}
+            per_req[f"classifier_bs{b}"][name] = {str(g): ls.payload(s) for g, s in enumerate(bsb.sets)}
+            per_req[f"oracle_bs{b}"][name] = {str(g): ls.payload(s) for g, s in enumerate(oracle_b)}
+            policy_log[name][f"classifier_bs{b}"] = {"swaps": bsb.swaps, "kept": {str(i): r for i, r in enumerate(bsb.reasons) if r != "swap"}}
+            arms.update({f"classifier_bs{b}": ls.grouped(bsb.sets, b), f"oracle_bs{b}": ls.grouped(oracle_b, b)})
         labels = sorted({lab for _, lab in prompts})
         scores[name] = {}
         for arm, sets_for in arms.items():
@@ -305,11 +316,13 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "per_request": per_req,
         "requests": requests,
         "groups_bs8": groups_out,
+        **extra_groups_out,
         "scores": scores,
         "diagnostics": {"what": "not arms: the classifier replayed without hysteresis; each request's own prefill routing top-S "
                                 "(a predictor that knew each prompt's own routing exactly); the top-S of the trace's own decode mass (hindsight static)",
                         "scores": diagnostics},
-        "policy": {"hysteresis": a.hysteresis, "mode": "union", "batch": a.batch, "start": "plan core (serve --start-resident core)",
+        "policy": {"hysteresis": a.hysteresis, "mode": "union", "batch": a.batch, "extra_batches": a.extra_batches,
+                   "start": "plan core (serve --start-resident core)",
                    "replay": policy_log},
         "plan": {"path": str(plan_path), "sha256": plan.sha256, "file_sha256": sha256_file(plan_path), "bytes": plan_path.stat().st_size,
                  "core_per_layer": len(lp0.core), "specialist_per_layer": lp0.specialist_experts, "slices_per_layer": len(lp0.slices),
@@ -332,7 +345,8 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                        "model_dir": {"path": str(model_dir), "files": model_hashes}},
             "timings": {"traces": timings, "total_s": time.perf_counter() - t_start},
             "keys": "sets: {layer_<MoE layer index>: experts}; per_request[arm][trace file stem]: by '<index in trace>:<request id>' "
-                    "(an id can repeat across corpora), *_bs8 by consecutive group index g = requests 8g..8g+7 (groups_bs8)",
+                    "(an id can repeat across corpora), *_bs8 by consecutive group index g = requests 8g..8g+7 (groups_bs8), "
+                    "*_bs<B> (--extra-batches) likewise by groups of B (groups_bs<B>)",
         },
     }
 
@@ -349,12 +363,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--features", default="auto", help="auto, or comma-separated classifier feature sets to search")
     p.add_argument("--hysteresis", type=float, default=0.05, help="the proxy's --hysteresis")
     p.add_argument("--batch", type=int, default=8, help="requests in flight together for the *_bs8 arms")
+    p.add_argument("--extra-batches", default="", help="more group sizes, comma-separated (e.g. 32): classifier_bs<B> and oracle_bs<B> "
+                   "sets per consecutive group of B, for bench-gpu --extra-batches B with the classifier arms")
     p.add_argument("--workdir", type=Path, required=True, help="plan, classifiers and step stamps (reused when inputs match)")
     p.add_argument("--force", action="store_true", help="re-run plan and train even when the workdir has them")
     p.add_argument("--out", type=Path, required=True, help="the sets JSON to write (bench-gpu --sets)")
     a = p.parse_args(argv)
     if a.batch < 1 or not 0 <= a.hysteresis < 1:
         p.error("--batch must be >= 1 and --hysteresis in [0, 1)")
+    try:
+        a.extra_batches = sorted({int(x) for x in a.extra_batches.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--extra-batches takes group sizes like 32 or 16,32, got {a.extra_batches!r}")
+    if any(b < 2 or b in (a.batch, 8) for b in a.extra_batches):  # classifier_bs8 names --batch's groups whatever their size
+        p.error(f"--extra-batches must be >= 2 and differ from --batch {a.batch} and from 8, got {a.extra_batches}")
     try:
         result = build(a, argv)
     except (ls.SetsError, ValueError, OSError) as exc:
