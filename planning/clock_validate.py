@@ -154,8 +154,8 @@ def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, 
         return Request(int(q["index"]), int(q["prompt_len"]), int(q["gen"]))
 
     def chosen(default: dict[int, np.ndarray], key: str) -> dict[int, np.ndarray]:
-        if arm.startswith(("reap_classifier", "reap_fast_classifier")):
-            block = sets["per_request"]["classifier" if bs == 1 else "classifier_bs8"]
+        if arm.startswith(("reap_classifier", "reap_fast_classifier")):  # bs 1, the run's --batch, or learned-sets --extra-batches
+            block = sets["per_request"]["classifier" if bs == 1 else "classifier_bs8" if bs == int(spec.get("batch", 8)) else f"classifier_bs{bs}"]
             return _sets(block.get(name, block)[key])
         return plan if arm == "reap_plan" else default
 
@@ -164,8 +164,8 @@ def workload(src: Sources, trace: RoutingTrace, sets: dict[str, Any], arm: str, 
     groups = {int(spec.get("batch", 8)): spec["groups_bs8"], **{int(e["batch"]): e["groups"] for e in spec.get("extra_batches") or []}}
     if bs not in groups:
         raise ClockError(f"{machine.name}'s run timed no batch of {bs}")
-    if bs != int(spec.get("batch", 8)) and arm.startswith(("reap_classifier", "reap_fast_classifier")):
-        raise ClockError(f"{arm}: the run has no classifier sets for batch {bs}")
+    if bs != int(spec.get("batch", 8)) and arm.startswith(("reap_classifier", "reap_fast_classifier")) and f"classifier_bs{bs}" not in sets["per_request"]:
+        raise ClockError(f"{arm}: the sets file has no classifier sets for batch {bs} (reap-swap learned-sets --extra-batches {bs})")
     return [Batch(tuple(req(q) for q in g["requests"]), chosen(static, str(g["group"]))) for g in groups[bs]]
 
 

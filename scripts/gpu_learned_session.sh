@@ -50,7 +50,8 @@ bench)
   [ -f $W/learned128_t0.8.npz ] && [ -f $W/learned_sets.json ] && TRACE=$W/learned128_t0.8.npz SETS=$W/learned_sets.json
   # V2=1: learned128 v2's committed trace and sets (issue 24; with WORKDIR=bench_v2 RESULT=bench_gpu_learned_v2)
   [ "${V2:-0}" = 1 ] && TRACE=$R/benchmarks/traces/learned128_v2_t0.8.npz SETS=$R/benchmarks/results/learned_sets_v2.json
-  # EXTRA=32: more batch sizes timed like bs8 (bench-gpu --extra-batches; not with the classifier arms)
+  # EXTRA=32: more batch sizes timed like bs8 (bench-gpu --extra-batches); the classifier arms need the sets' classifier_bs32:
+  # those `retrain` makes (learned-sets --extra-batches 32), not the committed files nor ALSO_V1's
   # QUANT=fp8, fp8-block or w4a16: every arm's experts quantized (bench-gpu --quantization) but bf16_reap_fast's
   A="--trace $TRACE --sets $SETS --workdir $W/${WORKDIR:-bench} --resume${EXTRA:+ --extra-batches $EXTRA}${QUANT:+ --quantization $QUANT}"
   # ALSO_V1=1 (with V2=1): every arm also runs v1's trace and sets on the same engine after v2's workload

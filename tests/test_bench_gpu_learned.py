@@ -552,7 +552,7 @@ def test_the_classifier_arms_run_extra_batches_from_the_sets_files_groups(tmp_pa
     from argparse import Namespace
 
     from reap_swap.benchmarks.learned.bench import build_specs
-    from reap_swap.benchmarks.learned.inputs import SetsError, load_sets
+    from reap_swap.benchmarks.learned.inputs import SetsError, load_sets, model_target
     from reap_swap.benchmarks.shapes import SHAPES
 
     trace = traces.load(TRACE)
@@ -566,10 +566,18 @@ def test_the_classifier_arms_run_extra_batches_from_the_sets_files_groups(tmp_pa
     sets_path = tmp_path / "sets16.json"
     write_sets(trace, sets_path, TRACE_LAYERS, extra_batches=(16,))
     assert sorted(load_sets(sets_path, TRACE.name.removesuffix(".npz")).classifier_extra) == [16]
+    arms += ["reap_classifier_complement", "reap_cache"]
     by = {s["name"]: s for s in build_specs(Namespace(**common, sets=sets_path, arms=arms), model, SHAPES["tiny128"])[0]}
-    clf, fast = by["reap_classifier"], by["reap_fast_classifier"]
-    groups = [g["group"] for g in clf["extra_batches"][0]["groups"]]
-    assert set(clf["per_group_extra"]["bs16"]) == {str(g) for g in groups} and fast["per_group_extra"] == clf["per_group_extra"]
-    assert clf["per_group_extra"]["bs16"] != {str(g): by["reap_static"]["start"] for g in groups}, "the group's own set, not the static one"
-    assert 0 < clf["offline"]["bs16"]["hit_rate_decode"] <= 1 and clf["predicted"]["bs16"] == 0.65
-    assert "per_group_extra" not in by["reap_static"] and by["reap_static"]["predicted"]["bs16"] == by["reap_static"]["predicted"]["bs8"]
+    clf, fast, static = by["reap_classifier"], by["reap_fast_classifier"], by["reap_static"]
+    loaded = load_sets(sets_path, TRACE.name.removesuffix(".npz"))
+    for g in clf["extra_batches"][0]["groups"]:  # group g is trace requests 16g .. 16g+15, with learned-sets' set of group g
+        assert [q["index"] for q in g["requests"]] == list(range(16 * g["group"], 16 * g["group"] + 16))
+        assert clf["per_group_extra"]["bs16"][str(g["group"])] == model_target(loaded.classifier_extra[16][str(g["group"])], trace, TRACE_LAYERS)
+    assert len(clf["per_group_extra"]["bs16"]) == len(clf["extra_batches"][0]["groups"]) == 2
+    assert fast["per_group_extra"] == clf["per_group_extra"] == by["reap_classifier_complement"]["per_group_extra"]
+    assert all(v == static["start"] for v in by["reap_cache"]["per_group_extra"]["bs16"].values()), "the cache's prior stays the static set"
+    # each group's own heaviest experts (write_sets) hit more of its decode pairs than the static set
+    assert clf["offline"]["bs16"]["hit_rate_decode"] > static["offline"]["bs16"]["hit_rate_decode"] and clf["predicted"]["bs16"] == 0.65
+    assert "per_group_extra" not in static and static["predicted"]["bs16"] == static["predicted"]["bs8"]
+    with pytest.raises(SetsError, match="groups of 24 \\(the classifier"):  # only the size the file lacks is named
+        build_specs(Namespace(**{**common, "extra_batches": [16, 24]}, sets=sets_path, arms=arms), model, SHAPES["tiny128"])

@@ -438,3 +438,29 @@ def test_own_split_replays_the_arms_cost_model_and_refuses_a_rerated_arm(tmp_pat
     (tmp_path / machine.learned).write_text(json.dumps(run))
     with pytest.raises(ClockError, match="re-rated mid-run"):
         arm_rules(Sources(tmp_path), "reap_fast", 9437184, 24, 128, machine)
+
+
+def test_the_clock_replays_the_classifier_arm_at_extra_batches_from_their_sets(tmp_path: Path) -> None:
+    """A run timed at --extra-batches B with the classifier arms: the clock installs the sets file's classifier_bs<B>
+    set of each group; without that block it refuses the arm at B, naming the learned-sets option."""
+    import dataclasses
+
+    from reap_swap.planning.clock_validate import H200, ClockError, Sources, workload
+
+    reqs = [{"index": i, "name": f"q{i}", "prompt_len": 4, "gen": 3} for i in range(8)]
+    spec = {"trace": "t.npz", "batch": 2, "requests_bs1": reqs[:1], "groups_bs8": [{"group": 0, "requests": reqs[:2]}],
+            "extra_batches": [{"batch": 4, "key": "bs4", "groups": [{"group": 1, "requests": reqs[4:8]}]}]}
+    (tmp_path / "run.json").write_text(json.dumps({"raw": {"reap_static": {"spec": spec}}}))
+    machine = dataclasses.replace(H200, learned="run.json", learned_cpu="run.json")
+    layer = lambda e: {"layer_0": e}  # noqa: E731
+    sets = {"sets": {"static_topk": layer([0, 1]), "plan": layer([0, 2])},
+            "per_request": {"classifier": {"t": {"0:q0": layer([3, 4])}}, "classifier_bs8": {"t": {"0": layer([5, 6])}},
+                            "classifier_bs4": {"t": {"0": layer([1, 2]), "1": layer([6, 7])}}}}
+    src = Sources(tmp_path)
+    [batch] = workload(src, None, sets, "reap_fast_classifier", 4, machine)  # type: ignore[arg-type]
+    assert [r.index for r in batch.requests] == [4, 5, 6, 7] and batch.sets[0].tolist() == [6, 7]
+    assert workload(src, None, sets, "reap_classifier", 2, machine)[0].sets[0].tolist() == [5, 6]  # type: ignore[arg-type]
+    assert workload(src, None, sets, "reap_static", 4, machine)[0].sets[0].tolist() == [0, 1]  # type: ignore[arg-type]
+    del sets["per_request"]["classifier_bs4"]
+    with pytest.raises(ClockError, match="no classifier sets for batch 4 .*--extra-batches 4"):
+        workload(src, None, sets, "reap_classifier", 4, machine)  # type: ignore[arg-type]

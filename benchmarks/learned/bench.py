@@ -9,7 +9,8 @@ would. At the sets file's slot count (30 % of each layer's experts):
 * ``reap_static``      reap-swap, the static top-k by observed gate mass (``sets.static_topk``)
 * ``reap_plan``        reap-swap, the plan's core + static slices (``sets.plan``)
 * ``reap_classifier``  reap-swap, the classifier's per-request set swapped in before each request
-                       (bs1), the group's union set before each batch of 8 (bs8)
+                       (bs1), the group's union set before each batch of 8 (bs8) and, with ``--extra-batches B``,
+                       before each group of B (the sets file's ``classifier_bs<B>``: learned-sets --extra-batches B)
 * ``reap_cache``       reap-swap with the online expert cache (``REAP_ONLINE_CACHE=lfru``, server
                        defaults), starting from the static top-k set: promote on miss inside the forward
 * ``reap_classifier_complement``  ``reap_classifier`` in RAM-complement mode (``REAP_RAM_COMPLEMENT=1``): host
@@ -93,6 +94,9 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
     groups = [{"group": reqs[0].index // args.batch, "requests": [q.as_dict() for q in reqs]} for reqs in bs8]
     extra_batches = getattr(args, "extra_batches", None) or []
     missing = [b for b in extra_batches if b not in sets.classifier_extra]
+    if 8 in missing and args.batch != 8 and any("classifier" in a for a in args.arms):  # classifier_bs8 is --batch's groups
+        raise SetsError(f"{args.sets}: classifier_bs8 holds the groups of the sets' --batch, not extra groups of 8: run the classifier "
+                        f"arms with --batch 8 instead of --extra-batches 8")
     if missing and any("classifier" in a for a in args.arms):
         raise SetsError(f"{args.sets} has no classifier sets for groups of {', '.join(map(str, missing))} (the classifier arms at "
                         f"--extra-batches): make them with reap-swap learned-sets ... --extra-batches {','.join(map(str, extra_batches))}")
@@ -261,4 +265,5 @@ def extra_groups(trace: Any, batch: int, groups: int, gen: int, keep: Callable[[
             return groups_bs8(trace, batch, count, gen, keep=keep)
         except SetsError:
             continue
-    raise SetsError(f"the trace holds no complete group of {batch} decodable requests (--extra-batches {batch})")
+    raise SetsError(f"the trace holds no complete group of {batch} decodable requests (--extra-batches {batch}) that the sets file "
+                    f"accepts (with classifier_bs{batch} sets: only the groups it has a set for)")

@@ -12,11 +12,12 @@ trace's ``meta.moe_layers``)::
     {"slots_per_layer": 38, "layers": [0, ...], "num_experts": 128,
      "sets": {"static_topk": {"layer_<i>": [e, ...]}, "plan": {...}, ...},
      "per_request": {"classifier": {<trace name>: {"<index>:<request id>": {"layer_<i>": [...]}}},
-                     "classifier_bs8": {<trace name>: {"<group>": {...}}}, "oracle": ...},
+                     "classifier_bs8": {<trace name>: {"<group>": {...}}}, "oracle": ...,
+                     "classifier_bs<B>": ... (learned-sets --extra-batches B)},
      "scores": {<trace name>: {<arm>: {"hit_rate_decode": ..., ...}}}}
 
 The ``<trace name>`` level (the trace file's stem) may be absent. Group g of
-the batch-8 workload is trace requests ``8g .. 8g+7``.
+the batch-8 workload is trace requests ``8g .. 8g+7``; of ``classifier_bs<B>``, ``Bg .. Bg+B-1``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ expert is resident; rates pool the pairs of every request of a run):
   per-expert union, hysteresis) fed the classifier's per-expert scores, replayed
   over the trace in order: one request in flight at a time, or each
   consecutive group of 8 requests in flight together;
+* ``classifier_bs<B>`` / ``oracle_bs<B>`` (``learned-sets --extra-batches B``): the same
+  over each consecutive group of B requests in flight (``groups_bs<B>``);
 * ``oracle`` / ``oracle_bs8``: each request's (group's) own top-S experts by
   decode gate mass: the most decode gate mass any S experts per layer can
   capture for it (the pair hit rate is not bounded by it: a set chosen for mass
