@@ -579,5 +579,8 @@ def test_the_classifier_arms_run_extra_batches_from_the_sets_files_groups(tmp_pa
     # each group's own heaviest experts (write_sets) hit more of its decode pairs than the static set
     assert clf["offline"]["bs16"]["hit_rate_decode"] > static["offline"]["bs16"]["hit_rate_decode"] and clf["predicted"]["bs16"] == 0.65
     assert "per_group_extra" not in static and static["predicted"]["bs16"] == static["predicted"]["bs8"]
+    from reap_swap.benchmarks.learned.report import arm_summary
+
+    assert arm_summary({"spec": clf}, SHAPES["tiny128"])["hit_rate_decode_bs16_predicted"] == 0.65
     with pytest.raises(SetsError, match="groups of 24 \\(the classifier"):  # only the size the file lacks is named
         build_specs(Namespace(**{**common, "extra_batches": [16, 24]}, sets=sets_path, arms=arms), model, SHAPES["tiny128"])

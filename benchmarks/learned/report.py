@@ -41,6 +41,7 @@ def arm_summary(raw: dict[str, Any], shape: MoeShape) -> dict[str, Any]:
         extra.update({f"decode_tok_s_{key}": _get(raw, key, "decode_tok_s"), f"decode_tok_s_{key}_e2e": _get(raw, key, "decode_tok_s_e2e"),
                       f"ttft_ms_{key}": _get(raw, key, "ttft_ms"), f"hit_rate_decode_{key}": _get(hits, key, "hit_rate_decode"),
                       f"hit_rate_decode_{key}_offline": _get(spec, "offline", key, "hit_rate_decode"),
+                      f"hit_rate_decode_{key}_predicted": _get(spec, "predicted", key),
                       f"link_bytes_per_token_{key}": link(key), f"identical_ids_{key}": raw.get(f"identical_ids_{key}")})
         if raw.get(f"profile_{key}") is not None:  # the largest extra batch is profiled too
             extra.update({f"{m}_per_decode_step_{key}": _get(raw, f"profile_{key}", m) for m in ("syncs", "blocking_copies", "launches")})
