@@ -96,8 +96,8 @@ def cut_arms(arms: dict[str, Any]) -> dict[str, str]:
     return {n: a["error"] for n, a in arms.items() if a.get("error") and a.get("decode_tok_s_bs1") is not None}
 
 
-def cut_lines(arms: dict[str, Any]) -> list[str]:
-    cut = cut_arms(arms)
+def cut_lines(cut: dict[str, str]) -> list[str]:
+    """The note under a table on the arms of ``cut_arms``."""
     return ["", "Ended with an error (their rows show the batches that finished): " + "; ".join(f"{n}: {e}" for n, e in cut.items()) + "."] if cut else []
 
 
@@ -241,7 +241,7 @@ def _arm_table(result: dict[str, Any]) -> list[str]:
             f"{_fmt(a['hit_rate_decode'], '.3f')} | {_fmt(lb / 1e6 if lb is not None else None, '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['syncs_per_decode_step'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a.get('identical_ids_bs8'))} |"
         )
-    return lines + cut_lines(result["arms"])
+    return lines + cut_lines(cut)
 
 
 def _length_table(result: dict[str, Any], lens: list[int]) -> list[str]:

@@ -148,12 +148,12 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         base["max_num_seqs"] = max([args.batch, *extra])
     fixed = {"reap_static": model_target(sets.static, trace, trace_layers), "reap_plan": model_target(sets.plan, trace, trace_layers)}
     per_request = per_group = None
-    per_group_extra: dict[int, dict[str, Target]] = {}
+    per_group_extra: dict[str, dict[str, Target]] = {}  # bs<B> -> group -> the classifier's set (the arm's per_group_extra)
     if classifier:
         per_request = {str(q.index): model_target(classifier_set(sets, q) or {}, trace, trace_layers) for q in bs1}
         per_group = {str(g["group"]): model_target(sets.classifier_bs8[str(g["group"])], trace, trace_layers) for g in groups}
-        per_group_extra = {b: {str(reqs[0].index // b): model_target(sets.classifier_extra[b][str(reqs[0].index // b)], trace, trace_layers)
-                               for reqs in gs} for b, gs in extra.items() if b in sets.classifier_extra}
+        per_group_extra = {f"bs{b}": {g: model_target(sets.classifier_extra[b][g], trace, trace_layers) for g in (str(reqs[0].index // b) for reqs in gs)}
+                           for b, gs in extra.items() if b in sets.classifier_extra}
 
     def reap(arm: str, score: str, score_bs8: str) -> dict[str, Any]:
         spec: dict[str, Any] = {**base, "name": arm, "kind": "reap", "slots": sets.slots}
@@ -163,7 +163,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
             runs1 = [([q], membership(per_request[str(q.index)], shape.experts)) for q in bs1]
             runs8 = [(reqs, membership(per_group[str(reqs[0].index // args.batch)], shape.experts)) for reqs in bs8]
             if extra:  # each group of B swaps to its own classifier set first
-                spec["per_group_extra"] = {f"bs{b}": groups_b for b, groups_b in per_group_extra.items()}
+                spec["per_group_extra"] = per_group_extra
         else:
             spec["start"] = fixed[arm]
             runs1 = [(bs1, membership(fixed[arm], shape.experts))]
@@ -171,7 +171,7 @@ def build_specs(args: argparse.Namespace, model_dir: Path, shape: MoeShape) -> t
         spec["offline"] = {"bs1": offline_rates(trace, trace_layers, runs1), "bs8": offline_rates(trace, trace_layers, runs8)}
         spec["predicted"] = {"bs1": predicted(sets.scores, score), "bs8": predicted(sets.scores, score_bs8)}
         for b, gs in extra.items():
-            target = (lambda reqs, b=b: per_group_extra[b][str(reqs[0].index // b)]) if arm == "reap_classifier" else (lambda reqs: fixed[arm])
+            target = (lambda reqs, b=b: per_group_extra[f"bs{b}"][str(reqs[0].index // b)]) if arm == "reap_classifier" else (lambda reqs: fixed[arm])
             spec["offline"][f"bs{b}"] = offline_rates(trace, trace_layers, [(reqs, membership(target(reqs), shape.experts)) for reqs in gs])
             spec["predicted"][f"bs{b}"] = predicted(sets.scores, f"classifier_bs{b}" if arm == "reap_classifier" else score_bs8)
         return spec

@@ -298,7 +298,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_pair(mb(a['link_bytes_per_token_bs1']), mb(a['link_bytes_per_token_bs8']), '.0f')} | {_fmt(a['gpu_used_gib'], '.2f')} | "
             f"{_fmt(a['pinned_host_gib'], '.2f')} | {_fmt(a['identical_ids'])} / {_fmt(a['identical_ids_bs8'])} |"
         )
-    lines += cut_lines(result["arms"])
+    lines += cut_lines(cut)
     extra = batch_keys(result["arms"])[2:]
     if extra:
         lines += ["", "| arm | " + " | ".join(f"decode tok/s {b} | hit rate {b} | identical ids {b}" for b in extra) + " |",

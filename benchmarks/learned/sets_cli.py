@@ -255,11 +255,12 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     sets = {"static_topk": ls.static_topk(obs.sample_mass[train_idx], obs.layer_ids, slots),
             "plan": ls.static_policy_set(policy, plain.prior_wish(), ls.prior_of(plan, None)),
             "classifier_prior": ls.static_policy_set(policy, with_clf.prior_wish(), clf_prior)}
-    grouped_keys = [k for b in a.extra_batches for k in (f"classifier_bs{b}", f"oracle_bs{b}")]
-    per_req: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in ("classifier", "classifier_bs8", "oracle", "oracle_bs8", *grouped_keys)}
-    extra_groups_out: dict[str, dict[str, dict[str, list[int]]]] = {f"groups_bs{b}": {} for b in a.extra_batches}
+    # groups in flight together: --batch's under the key bs8 whatever its size, then each --extra-batches size B under bsB
+    sizes = {"bs8": a.batch, **{f"bs{b}": b for b in a.extra_batches}}
+    per_req: dict[str, dict[str, dict[str, Any]]] = {k: {} for arm in ("classifier", "oracle") for k in (arm, *(f"{arm}_{key}" for key in sizes))}
+    group_lists: dict[str, dict[str, dict[str, list[int]]]] = {f"groups_{key}": {} for key in sizes}
     scores: dict[str, dict[str, Any]] = {}
-    requests, groups_out, policy_log, timings, diagnostics = {}, {}, {}, {}, {}
+    requests, policy_log, timings, diagnostics = {}, {}, {}, {}
     for name, trace in traces.items():
         t0 = time.perf_counter()
         prompts = trace_prompts(trace, a.corpus or [Path(p) for p in trace.meta.get("corpus", [])])
@@ -270,33 +271,27 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         t1 = time.perf_counter()
         wishes = [w for w, _ in answers]
         n = trace.num_requests
-        groups = ls.groups_of(n, a.batch)
         bs1 = ls.replay_policy(policy, [[w] for w in wishes], clf_prior)
-        bsn = ls.replay_policy(policy, [[wishes[i] for i in g] for g in groups], clf_prior)
         oracle = [ls.oracle_sets(trace, [r], slots) for r in range(n)]
-        oracle_n = [ls.oracle_sets(trace, g, slots) for g in groups]
         keys = [f"{r}:{req.request_id}" for r, req in enumerate(trace.requests())]  # ids repeat across corpora
         requests[name] = [{"key": k, "index": r, "id": req.request_id, "source": req.info.get("source"), "tags": req.info.get("tags"), "corpus": lab,
                            "prefill_rows": int((req.phase == tr.PREFILL).sum()), "decode_rows": int((req.phase == tr.DECODE).sum())}
                           for r, (k, req, (_, lab)) in enumerate(zip(keys, trace.requests(), prompts))]
-        groups_out[name] = {str(g): grp for g, grp in enumerate(groups)}
         per_req["classifier"][name] = {k: ls.payload(s) for k, s in zip(keys, bs1.sets)}
-        per_req["classifier_bs8"][name] = {str(g): ls.payload(s) for g, s in enumerate(bsn.sets)}
         per_req["oracle"][name] = {k: ls.payload(s) for k, s in zip(keys, oracle)}
-        per_req["oracle_bs8"][name] = {str(g): ls.payload(s) for g, s in enumerate(oracle_n)}
-        policy_log[name] = {"classifier": {"swaps": bs1.swaps, "kept": {keys[i]: r for i, r in enumerate(bs1.reasons) if r != "swap"}},
-                            "classifier_bs8": {"swaps": bsn.swaps, "kept": {str(i): r for i, r in enumerate(bsn.reasons) if r != "swap"}}}
-        arms = {**{k: ls.fixed(v) for k, v in sets.items()}, "classifier": ls.per_request(bs1.sets), "classifier_bs8": ls.grouped(bsn.sets, a.batch),
-                "oracle": ls.per_request(oracle), "oracle_bs8": ls.grouped(oracle_n, a.batch)}
-        for b in a.extra_batches:  # bench-gpu --extra-batches B: the proxy's policy over each consecutive group of B in flight
-            groups_b = ls.groups_of(n, b)
-            bsb = ls.replay_policy(policy, [[wishes[i] for i in g] for g in groups_b], clf_prior)
-            oracle_b = [ls.oracle_sets(trace, g, slots) for g in groups_b]
-            extra_groups_out[f"groups_bs{b}"][name] = {str(g): grp for g, grp in enumerate(groups_b)}
-            per_req[f"classifier_bs{b}"][name] = {str(g): ls.payload(s) for g, s in enumerate(bsb.sets)}
-            per_req[f"oracle_bs{b}"][name] = {str(g): ls.payload(s) for g, s in enumerate(oracle_b)}
-            policy_log[name][f"classifier_bs{b}"] = {"swaps": bsb.swaps, "kept": {str(i): r for i, r in enumerate(bsb.reasons) if r != "swap"}}
-            arms.update({f"classifier_bs{b}": ls.grouped(bsb.sets, b), f"oracle_bs{b}": ls.grouped(oracle_b, b)})
+        policy_log[name] = {"classifier": {"swaps": bs1.swaps, "kept": {keys[i]: r for i, r in enumerate(bs1.reasons) if r != "swap"}}}
+        clf_arms, oracle_arms = {"classifier": ls.per_request(bs1.sets)}, {"oracle": ls.per_request(oracle)}
+        for key, size in sizes.items():  # the proxy's policy over each consecutive group of `size` requests in flight
+            groups = ls.groups_of(n, size)
+            bsn = ls.replay_policy(policy, [[wishes[i] for i in g] for g in groups], clf_prior)
+            oracle_n = [ls.oracle_sets(trace, g, slots) for g in groups]
+            group_lists[f"groups_{key}"][name] = {str(g): grp for g, grp in enumerate(groups)}
+            per_req[f"classifier_{key}"][name] = {str(g): ls.payload(s) for g, s in enumerate(bsn.sets)}
+            per_req[f"oracle_{key}"][name] = {str(g): ls.payload(s) for g, s in enumerate(oracle_n)}
+            policy_log[name][f"classifier_{key}"] = {"swaps": bsn.swaps, "kept": {str(i): r for i, r in enumerate(bsn.reasons) if r != "swap"}}
+            clf_arms[f"classifier_{key}"] = ls.grouped(bsn.sets, size)
+            oracle_arms[f"oracle_{key}"] = ls.grouped(oracle_n, size)
+        arms = {**{k: ls.fixed(v) for k, v in sets.items()}, **clf_arms, **oracle_arms}
         labels = sorted({lab for _, lab in prompts})
         scores[name] = {}
         for arm, sets_for in arms.items():
@@ -315,8 +310,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "sets": {k: ls.payload(v) for k, v in sets.items()},
         "per_request": per_req,
         "requests": requests,
-        "groups_bs8": groups_out,
-        **extra_groups_out,
+        **group_lists,
         "scores": scores,
         "diagnostics": {"what": "not arms: the classifier replayed without hysteresis; each request's own prefill routing top-S "
                                 "(a predictor that knew each prompt's own routing exactly); the top-S of the trace's own decode mass (hindsight static)",
