@@ -15,10 +15,11 @@ Per MoE layer of a step (``B`` = bytes of one expert, every expert of a layer th
     layer_ms = max(hbm_ms, link_ms, cpu_ms, host_ms)         (they run at once)
              + (1 - promote_overlap) * promoted * B / promote_GBps + per-layer fixed costs
 
-The fast order (``serve --fast``: the split posts the CPU's share first, then the cache copies and the fused
-kernel run) overlaps the copies with the CPU instead::
+The fast order (``serve --fast``: the split posts the CPU's share first, then the cache's policy program,
+its copies and the fused kernel run) overlaps all three with the CPU instead::
 
-    layer_ms = max(promote_ms + max(hbm_ms, link_ms), cpu_ms, (link + cpu + promoted) * B / host_dram_GBps) + fixed
+    layer_ms = max(policy_ms + promote_ms + max(hbm_ms, link_ms), cpu_ms, (link + cpu + promoted) * B / host_dram_GBps)
+             + fixed costs but the policy program
 
     step_ms  = base_ms(tokens) + sum over layers + reap per-step fixed
 
@@ -187,11 +188,16 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
     link = c.link * mb / clock.link_GBps
     cpu = np.where(c.cpu > 0, clock.cpu_fixed_ms, 0.0) + c.cpu * mb / clock.cpu_GBps + c.cpu_pairs * clock.cpu_pair_ms
     copies = (1.0 - clock.promote_overlap) * c.promoted * mb / clock.promote_GBps
-    if c.promote_beside_cpu:  # GPU side = copies, then the kernel; beside it the CPU; all three reads from one DRAM
-        background = np.zeros(len(c.resident)) if c.background is None else c.background
+    layers = len(c.resident)
+    policy = clock.cache_layer_ms if c.cache else 0.0
+    hidden_policy = 0.0
+    if c.promote_beside_cpu:  # GPU side = policy program, copies, then the kernel; beside it the CPU; all reads from one DRAM
+        background = np.zeros(layers) if c.background is None else c.background
         # a background expert is read twice from DRAM: by the CPU computing it and by its copy
         host = (c.link + c.cpu + c.promoted + background) * mb / clock.host_dram_GBps
-        gpu = copies + np.maximum(hbm, link)
+        # the split posts the CPU's job before the cache's policy program runs (server_ext/layer.py), so the
+        # program is GPU-side work the CPU's share hides, not a fixed cost in series
+        gpu = policy + copies + np.maximum(hbm, link)
         pipes = np.stack([gpu, cpu, host])
         which, worst = np.argmax(pipes, axis=0), pipes.max(axis=0)
         on_gpu = which == 0
@@ -199,6 +205,7 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         share = [float(hbm[kernel_hbm].sum()), float(link[on_gpu & ~kernel_hbm].sum()), float(worst[which == 1].sum()),
                  float(worst[which == 2].sum())]
         promote = float(copies[on_gpu].sum())
+        hidden_policy = policy * float((~on_gpu).sum())
     else:
         host = (c.link + c.cpu) * mb / clock.host_dram_GBps
         pipes = np.stack([hbm, link, cpu, host])  # [4, L]
@@ -206,9 +213,7 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         worst = pipes.max(axis=0)
         share = [float(worst[which == i].sum()) for i in range(4)]
         promote = float(copies.sum())
-    layers = len(c.resident)
-    fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * ((clock.cache_layer_ms if c.cache else 0.0)
-                                                              + (clock.cpu_layer_ms if c.cpu_path else 0.0))
+    fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * (policy + (clock.cpu_layer_ms if c.cpu_path else 0.0)) - hidden_policy
     if c.background is not None and c.background.any():
         # background copies run on a copy stream across the step (published next step): the step lasts at least
         # as long as everything that crosses the link (whole copies: an overlapped copy still holds the link)

@@ -353,6 +353,21 @@ def test_fast_order_runs_the_copies_beside_the_cpu() -> None:
     assert step_ms(clock, StepCounts(**more, promote_beside_cpu=True), eb).total == pytest.approx(1.0 + 3.0)
 
 
+def test_fast_order_hides_the_policy_program_under_the_cpu() -> None:
+    """In the fast order the cache's policy program runs after the split posted the CPU's job (server_ext/layer.py):
+    GPU-side work the CPU's share hides. Cache-then-CPU pays it in series, as does a fast layer the GPU side binds."""
+    clock = Clock(base_ms=((1, 1.0),), hbm_GBps=1000.0, link_GBps=50.0, promote_GBps=50.0, cpu_GBps=100.0, host_dram_GBps=1000.0,
+                  cache_layer_ms=0.25)
+    eb = 50_000_000  # 1 ms over the link, 0.5 ms on the CPU
+    counts = dict(tokens=1, resident=np.array([0, 0]), link=np.array([0, 0]), cpu=np.array([4, 0]), cpu_pairs=np.array([4, 0]),
+                  promoted=np.array([1, 1]))
+    fast = step_ms(clock, StepCounts(**counts, cache=True, promote_beside_cpu=True), eb)
+    # layer 0: max(0.25 + 1 copy, 2 CPU) = 2, the program hidden; layer 1: no CPU work, 0.25 + 1 ms on the GPU side
+    assert fast.total == pytest.approx(1.0 + 2.0 + 1.25) and fast.fixed == pytest.approx(0.25) and fast.promote == pytest.approx(1.0)
+    serial = step_ms(clock, StepCounts(**counts, cache=True), eb)
+    assert serial.fixed == pytest.approx(0.5) and serial.total == pytest.approx(1.0 + 2.0 + 2.0 + 0.5)
+
+
 @pytest.mark.parametrize("machine", ["h100-v1", "h100-v2", "h100-fast", "h100-graphs", "h100-onerun-v1", "h100-onerun-v2", "h100-onerun2-v2"])
 def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(machine: str) -> None:
     from reap_swap.planning.clock_validate import MACHINES, calibrate
