@@ -17,6 +17,8 @@
 #     RESULT=bench_gpu_fp8 bash scripts/gpu_learned_session.sh bench $OUT   # issue 27: FP8 arms + the bf16 fast baseline
 #   QUANT=w4a16 ARMS=stock_gpu,reap_cache,stock_offload,reap_static WORKDIR=w4 RESULT=bench_gpu_w4a16 \
 #     bash scripts/gpu_learned_session.sh bench $OUT   # issue 27's 4-bit arm (link path only: no CPU-path arms)
+#   bash scripts/gpu_learned_session.sh bus $OUT   # ~1 min, no vLLM: the host's shared DRAM ceiling (CPU kernel alone, link
+#                                                  # alone, both at once) into $OUT/host_bus.json, for the clock of arms run on this host
 #
 # ARMS (comma-separated, stock_gpu first), WORKDIR (under /tmp/learned) and RESULT (the joined JSON's
 # name) override the defaults, e.g. for a follow-up run of a few arms beside the full table.
@@ -27,7 +29,7 @@
 # benchmarks/results/learned_sets.json). Results to commit: $OUT/bench_gpu_learned.{json,md},
 # $OUT/bench_gpu_cache.json and, after `retrain`, the new traces, sets and card data.
 set -u
-PHASE=${1:?phase: retrain or bench}
+PHASE=${1:?phase: retrain, bench or bus}
 OUT=${2:?output dir}
 R=$PWD
 export PYTHONUNBUFFERED=1
@@ -64,5 +66,9 @@ bench)
     --out $OUT/${RESULT:-bench_gpu_learned}.json > $W/join.log 2>&1
   cp $W/${WORKDIR:-bench}/arms.log $OUT/arms.log 2>/dev/null
   tail -c 2500 $W/bench.log; tail -c 1500 $W/join.log ;;
+bus)
+  # the clock's host_dram_GBps (planning/step_time.py) on the host the arms ran on: both pipes read one DRAM
+  (cd /tmp && timeout 150 python3 $R/scripts/gpu_host_bus_check.py $OUT/host_bus.json > $W/bus.log 2>&1); echo "bus rc=$?"
+  tail -c 1500 $W/bus.log ;;
 *) echo "unknown phase $PHASE" >&2; exit 2 ;;
 esac
