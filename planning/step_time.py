@@ -19,7 +19,7 @@ The fast order (``serve --fast``: the split posts the CPU's share first, then th
 its copies and the fused kernel run) overlaps all three with the CPU instead::
 
     layer_ms = max(policy_ms + promote_ms + max(hbm_ms, link_ms), cpu_ms, (link + cpu + promoted) * B / host_dram_GBps)
-             + fixed costs but the policy program
+             + per-layer fixed costs other than the policy program (which the max now holds)
 
     step_ms  = base_ms(tokens) + sum over layers + reap per-step fixed
 
@@ -147,8 +147,8 @@ class StepCounts:
     cpu_path: bool = False
     reap: bool = True
     promote_beside_cpu: bool = False
-    """The fast order (split first): the CPU's job is posted before the promotion copies, so the copies and the
-    fused kernel run on the GPU side while the CPU computes its share."""
+    """The fast order (split first): the CPU's job is posted before the cache's policy program, so the program, its
+    copies and the fused kernel run on the GPU side while the CPU computes its share."""
     background: np.ndarray | None = None
     """Experts the CPU computes this step and a copy stream promotes beside it (published next step): they hold
     the link across the step and a second DRAM read in their layer, not the GPU side (issue 25's design for

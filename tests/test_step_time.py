@@ -366,6 +366,10 @@ def test_fast_order_hides_the_policy_program_under_the_cpu() -> None:
     assert fast.total == pytest.approx(1.0 + 2.0 + 1.25) and fast.fixed == pytest.approx(0.25) and fast.promote == pytest.approx(1.0)
     serial = step_ms(clock, StepCounts(**counts, cache=True), eb)
     assert serial.fixed == pytest.approx(0.5) and serial.total == pytest.approx(1.0 + 2.0 + 2.0 + 0.5)
+    # the program decides which side binds: copies 1 ms < CPU 1.1 ms (2 experts + 0.1 pickup) < program + copies 1.25 ms
+    close = dict(tokens=1, resident=np.array([0]), link=np.array([0]), cpu=np.array([2]), cpu_pairs=np.array([2]), promoted=np.array([1]))
+    b = step_ms(clock.replace(cpu_fixed_ms=0.1), StepCounts(**close, cache=True, promote_beside_cpu=True), eb)
+    assert b.total == pytest.approx(1.0 + 1.25) and b.fixed == pytest.approx(0.25) and b.cpu == 0.0
 
 
 @pytest.mark.parametrize("machine", ["h100-v1", "h100-v2", "h100-fast", "h100-graphs", "h100-onerun-v1", "h100-onerun-v2", "h100-onerun2-v2"])
