@@ -190,7 +190,6 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
     copies = (1.0 - clock.promote_overlap) * c.promoted * mb / clock.promote_GBps
     layers = len(c.resident)
     policy = clock.cache_layer_ms if c.cache else 0.0
-    hidden_policy = 0.0
     if c.promote_beside_cpu:  # GPU side = policy program, copies, then the kernel; beside it the CPU; all reads from one DRAM
         background = np.zeros(layers) if c.background is None else c.background
         # a background expert is read twice from DRAM: by the CPU computing it and by its copy
@@ -205,7 +204,7 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         share = [float(hbm[kernel_hbm].sum()), float(link[on_gpu & ~kernel_hbm].sum()), float(worst[which == 1].sum()),
                  float(worst[which == 2].sum())]
         promote = float(copies[on_gpu].sum())
-        hidden_policy = policy * float((~on_gpu).sum())
+        policy_paid = policy * float(on_gpu.sum())  # where the CPU or the DRAM binds, the max hides it
     else:
         host = (c.link + c.cpu) * mb / clock.host_dram_GBps
         pipes = np.stack([hbm, link, cpu, host])  # [4, L]
@@ -213,7 +212,8 @@ def step_ms(clock: Clock, c: StepCounts, expert_bytes: int) -> Breakdown:
         worst = pipes.max(axis=0)
         share = [float(worst[which == i].sum()) for i in range(4)]
         promote = float(copies.sum())
-    fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * (policy + (clock.cpu_layer_ms if c.cpu_path else 0.0)) - hidden_policy
+        policy_paid = policy * layers
+    fixed = (clock.reap_step_ms if c.reap else 0.0) + layers * (clock.cpu_layer_ms if c.cpu_path else 0.0) + policy_paid
     if c.background is not None and c.background.any():
         # background copies run on a copy stream across the step (published next step): the step lasts at least
         # as long as everything that crosses the link (whole copies: an overlapped copy still holds the link)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reap_swap.benchmarks.learned import inputs as li
-from reap_swap.benchmarks.learned.report import markdown, ratios
+from reap_swap.benchmarks.learned.report import arm_summary, cpu_rates, markdown, probe_spread, ratios
 from reap_swap.planning import traces
 from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute
 
@@ -179,7 +179,6 @@ def test_report_ratios_and_table() -> None:
 def test_the_report_names_cpu_probes_that_disagree(run: str, warned: bool) -> None:
     """Issue 25, 2026-12-07: the fast arm's start-up probe read 28.7 GB/s, static + CPU's 92.1 in the same run; the
     table gives each CPU-path arm's probe, split rate and achieved rate, and warns when the probes are 1.3x apart."""
-    from reap_swap.benchmarks.learned.report import arm_summary, cpu_rates, probe_spread
     from reap_swap.benchmarks.shapes import SHAPES
 
     result = json.loads((REPO / "benchmarks" / "results" / run).read_text())
@@ -579,8 +578,6 @@ def test_the_classifier_arms_run_extra_batches_from_the_sets_files_groups(tmp_pa
     # each group's own heaviest experts (write_sets) hit more of its decode pairs than the static set
     assert clf["offline"]["bs16"]["hit_rate_decode"] > static["offline"]["bs16"]["hit_rate_decode"] and clf["predicted"]["bs16"] == 0.65
     assert "per_group_extra" not in static and static["predicted"]["bs16"] == static["predicted"]["bs8"]
-    from reap_swap.benchmarks.learned.report import arm_summary
-
     assert arm_summary({"spec": clf}, SHAPES["tiny128"])["hit_rate_decode_bs16_predicted"] == 0.65
     with pytest.raises(SetsError, match="groups of 24 \\(the classifier"):  # only the size the file lacks is named
         build_specs(Namespace(**{**common, "extra_batches": [16, 24]}, sets=sets_path, arms=arms), model, SHAPES["tiny128"])
