@@ -122,13 +122,14 @@ def test_a_wrong_decode_or_scale_would_be_caught():
 
 
 @native
-@pytest.mark.parametrize("layout", ["tensor", "block"])
+@pytest.mark.parametrize("layout,bk", [("tensor", None), ("block", 32), ("block", 128)])  # blocks of 128: the bf16 chunks' block sums
 @pytest.mark.parametrize("k0", [5, 130])  # in the vector loop, in the scalar tail
 @pytest.mark.parametrize("t", [1, 4])
-def test_every_byte_decodes_exactly(layout, k0, t):
+def test_every_byte_decodes_exactly(layout, bk, k0, t):
     """Each output reads one weight: x is one-hot at column k0, every gate row holds 1.0 there, up row n
     holds byte n, and w2's row m of expert e picks activation m + 128 e. So out[e, m] = bf16(bf16(silu(1))
-    * fp8(byte)) exactly, for all 256 bytes (NaN's two read as 480), in every decode path."""
+    * fp8(byte)) exactly, for all 256 bytes (NaN's two read as 480), in every decode path: with AVX512-BF16
+    and VBMI, blocks of 32 columns take the 16-byte fp32 chunks, blocks of 128 the 64-byte bf16 chunks."""
     h, i = 136, 256
     one = torch.tensor(1.0).to(FP8).view(torch.uint8)
     w13 = torch.zeros(2, 2 * i, h, dtype=torch.uint8)
@@ -139,9 +140,9 @@ def test_every_byte_decodes_exactly(layout, k0, t):
         w2[e, torch.arange(128), torch.arange(128) + 128 * e] = one
     w13, w2 = w13.view(FP8), w2.view(FP8)
     name = "weight_scale_inv" if layout == "block" else "weight_scale"
-    scales = ({"w13_weight_scale_inv": torch.ones(2, 2 * i // 32, -(-h // 32)), "w2_weight_scale_inv": torch.ones(2, -(-h // 32), i // 32)}
+    scales = ({"w13_weight_scale_inv": torch.ones(2, 2 * i // bk, -(-h // bk)), "w2_weight_scale_inv": torch.ones(2, -(-h // bk), i // bk)}
               if layout == "block" else {f"w13_{name}": torch.ones(2), f"w2_{name}": torch.ones(2)})
-    q = expert_quant(w13, w2, scales, (32, 32) if layout == "block" else None)
+    q = expert_quant(w13, w2, scales, (bk, bk) if layout == "block" else None)
     x = torch.zeros(t, h, dtype=torch.bfloat16)
     x[:, k0] = 1.0
     batch = K.group_pairs(torch.tensor([[0, 1]] * t), torch.ones(t, 2), torch.ones(t, 2, dtype=torch.bool))

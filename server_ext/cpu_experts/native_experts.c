@@ -8,13 +8,14 @@
  * AVX-512 weights are widened to fp32 in registers (a shift) and FMA'd; activations stay in L1
  * and every weight byte is read once per call whatever the token count.
  *
- * FP8 (e4m3fn) rows are dequantized in registers, exactly. With one scale per row (per-tensor,
- * per-shard) on a CPU with AVX512-BF16 and VBMI, two vpermi2b lookups turn 64 bytes into bf16 that
- * meet the bf16 activations in vdpbf16ps, and the scale multiplies the row's dot product once.
- * Otherwise each byte becomes an fp16 bit pattern with one shift and one mask (the e4m3 value times
- * 2^-8, subnormals included), vcvtph2ps widens it, and the scale times 2^8 multiplies each decoded
- * chunk of a [bn, bk] block (w * s: the fp32 product a dequantize-then-matmul computes) or the dot
- * product at the end. Activations stay bf16 (no activation quantization:
+ * FP8 (e4m3fn) rows are dequantized in registers, exactly. On a CPU with AVX512-BF16 and VBMI, two
+ * vpermi2b lookups turn 64 bytes into bf16 that meet the bf16 activations in vdpbf16ps, and the
+ * scale multiplies the row's dot product once (one scale per row: per-tensor, per-shard) or each
+ * block's sum once ([bn, bk] blocks with bk a multiple of 64 columns, e.g. 128). Otherwise (and for
+ * a block's columns short of 64) each byte becomes an fp16 bit pattern with one shift and one mask
+ * (the e4m3 value times 2^-8, subnormals included), vcvtph2ps widens it, and the scale times 2^8
+ * multiplies each decoded chunk of a block (w * s: the fp32 product a dequantize-then-matmul
+ * computes) or the dot product at the end. Activations stay bf16 (no activation quantization:
  * the CPU's result is the unquantized-activation one). e4m3fn's NaN (0x7f / 0xff) reads as 480.
  *
  * Semantics follow vLLM's fused MoE on bf16: h = bf16(x W13^T) (fp32 accumulation),
@@ -250,9 +251,10 @@ static inline __m512 act16(const act_t* x) { /* 16 activations as fp32 */
 
 /* FP8 rows: Y[t * RB + r] = sum_k (W[r][k] * S[r][k / bk]) * X[t][k] for r < RB, t < NT (NT: 1 or TB,
  * a constant after inlining). S[r] is row r's scale row ([nbk] scales, one per bk columns). Each
- * 16-byte chunk of a row is decoded once and FMA'd into NT tokens. One block per row (per-tensor and
+ * chunk of a row is decoded once and FMA'd into NT tokens. One block per row (per-tensor and
  * per-shard scales: bk >= K) leaves the scale to the end -- (sum_k w x) * s, one multiply per output
- * instead of one per 16 weights; blocks multiply each decoded chunk by its block's scale. */
+ * instead of one per 16 weights; blocks sum their 64-byte chunks in bf16 (FP8_BF16) and scale the
+ * block's sum, and multiply each 16-byte chunk of the rest by its block's scale. */
 static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W, const float* const* S, int bk,
                                                         const act_t* const* X, int K, float* Y, const int NT) {
   float tail[RB * TB];
@@ -291,6 +293,32 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
       }
 #endif
     } else {
+#if FP8_BF16
+      /* 64-byte chunks of the block decode to bf16 and meet the activations in vdpbf16ps (exact products,
+       * fp32 sums) into a block sum the block's scale then multiplies once: (sum_k w x) * s. With TB
+       * tokens the block sums and acc need more than the 32 vector registers (gcc 12 keeps part of them
+       * in L1 through the loop); one token fits. */
+      if (k + 64 <= k1) {
+        __m512 part[RB][TB];
+        for (int r = 0; r < RB; r++)
+          for (int t = 0; t < NT; t++) part[r][t] = _mm512_setzero_ps();
+        for (; k + 64 <= k1; k += 64) {
+          __m512i xa[TB], xb[TB];
+          for (int t = 0; t < NT; t++) x64_pair(X[t] + k, &xa[t], &xb[t]);
+          for (int r = 0; r < RB; r++) {
+            __m512i wa, wb;
+            _mm_prefetch((const char*)(W[r] + k + FP8_PREFETCH), _MM_HINT_T0);
+            fp8x64_bf16(W[r] + k, &wa, &wb);
+            for (int t = 0; t < NT; t++)
+              part[r][t] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(part[r][t], (__m512bh)wa, (__m512bh)xa[t]), (__m512bh)wb, (__m512bh)xb[t]);
+          }
+        }
+        for (int r = 0; r < RB; r++) {
+          const __m512 s = _mm512_set1_ps(S[r][kb]);
+          for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(part[r][t], s, acc[r][t]);
+        }
+      }
+#endif
       __m512 sc[RB];
       for (int r = 0; r < RB; r++) sc[r] = _mm512_set1_ps(S[r][kb] * 256.0f);
       for (; k + 16 <= k1; k += 16) {
