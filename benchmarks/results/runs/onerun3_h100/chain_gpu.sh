@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# this session's device chain (untracked): bash chain_gpu.sh BUDGET_S; results under /tmp/res
+R=$PWD; B=$1; T0=$(date +%s)
+source /tmp/stage/setup_on_device.sh > /dev/null
+mkdir -p /tmp/res
+left() { echo $(( B - ($(date +%s) - T0) )); }
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" >> /tmp/res/chain.log; }
+nvidia-smi --query-gpu=name,memory.total --format=csv > /tmp/res/gpu.txt 2>&1
+lscpu > /tmp/res/lscpu.txt 2>&1
+log "waiting for step 0"
+while [ ! -f /tmp/res/k/STEP0_DONE ] && pgrep -f step0.sh > /dev/null; do sleep 2; done
+log "step 0 done: $(cat /tmp/res/k/rc.txt 2>&1 | tr '\n' ' ') $(tail -1 /tmp/res/k/fp8_tests.log 2>&1)"
+log "fp8-block start, left $(left)"
+QUANT=fp8-block ARMS=stock_gpu,reap_fast,stock_offload,bf16_reap_fast,reap_static,reap_cache WORKDIR=fp8all RESULT=bench_gpu_fp8 DEADLINE=$(( $(left) - 60 )) \
+  bash scripts/gpu_learned_session.sh bench /tmp/res/fp8 >> /tmp/res/chain.log 2>&1
+cp /tmp/learned/fp8all/*.json /tmp/res/fp8/ 2>/dev/null
+log "fast v1 start, left $(left)"
+EXTRA=32 ARMS=stock_gpu,stock_offload,reap_fast,reap_static_cpu,reap_cache WORKDIR=fastv1 RESULT=bench_gpu_fast DEADLINE=$(( $(left) - 30 )) \
+  bash scripts/gpu_learned_session.sh bench /tmp/res/fast >> /tmp/res/chain.log 2>&1
+cp /tmp/learned/fastv1/*.json /tmp/res/fast/ 2>/dev/null
+log "done, left $(left)"
+touch /tmp/res/DONE
