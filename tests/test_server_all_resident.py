@@ -20,7 +20,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     require_vllm()
     srv = start_reap(
         tiny_model_dir, log_dir_for(tmp_path_factory), "--resident-experts-per-layer", "16",
-        "--start-resident", json.dumps(ALL), "--control-token", "s3cret", name="reap-all",
+        "--start-resident", json.dumps(ALL), "--control-token", "s3cret", "--enforce-eager", name="reap-all",
     )
     try:
         yield srv.url

