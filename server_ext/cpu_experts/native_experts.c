@@ -11,8 +11,8 @@
  * FP8 (e4m3fn) rows are dequantized in registers, exactly. On a CPU with AVX512-BF16 and VBMI, two
  * vpermi2b lookups turn 64 bytes into bf16 that meet the bf16 activations in vdpbf16ps, and the
  * scale multiplies the row's dot product once (one scale per row: per-tensor, per-shard) or each
- * block's sum once ([bn, bk] blocks with bk a multiple of 64 columns, e.g. 128). Otherwise (and for
- * a block's columns short of 64) each byte becomes an fp16 bit pattern with one shift and one mask
+ * block's sum of its 64-column chunks once ([bn, bk] blocks, e.g. bk = 128). Otherwise (and for the
+ * columns of a block past its last 64-column chunk) each byte becomes an fp16 bit pattern with one shift and one mask
  * (the e4m3 value times 2^-8, subnormals included), vcvtph2ps widens it, and the scale times 2^8
  * multiplies each decoded chunk of a block (w * s: the fp32 product a dequantize-then-matmul
  * computes) or the dot product at the end. Activations stay bf16 (no activation quantization:
