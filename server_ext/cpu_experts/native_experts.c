@@ -236,6 +236,23 @@ static inline void x64_pair(const act_t* x, __m512i* xa, __m512i* xb) {
   *xa = _mm512_shuffle_i64x2(x0, x1, 0x88);
   *xb = _mm512_shuffle_i64x2(x0, x1, 0xDD);
 }
+/* sum[r][t] += W[r][k..] . X[t][k..] over the 64-byte chunks of [k, k1) (exact products, fp32 sums); returns the
+ * first column it did not take. Both FP8 layouts use it: one block per row sums the whole row, blocks sum each block. */
+static inline __attribute__((always_inline)) int fp8_bf16_chunks(const uint8_t* const* W, const act_t* const* X, int k, int k1,
+                                                                 __m512 sum[RB][TB], const int NT) {
+  for (; k + 64 <= k1; k += 64) {
+    __m512i xa[TB], xb[TB];
+    for (int t = 0; t < NT; t++) x64_pair(X[t] + k, &xa[t], &xb[t]);
+    for (int r = 0; r < RB; r++) {
+      __m512i wa, wb;
+      _mm_prefetch((const char*)(W[r] + k + FP8_PREFETCH), _MM_HINT_T0);
+      fp8x64_bf16(W[r] + k, &wa, &wb);
+      for (int t = 0; t < NT; t++)
+        sum[r][t] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(sum[r][t], (__m512bh)wa, (__m512bh)xa[t]), (__m512bh)wb, (__m512bh)xb[t]);
+    }
+  }
+  return k;
+}
 #else
 #define FP8_BF16 0 /* fp8x16 and fp32 FMAs */
 #define FP8_ONE_BLOCK_DECODE_SCALE 256.0f /* fp8x16's 2^-8 */
@@ -271,17 +288,7 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
 #if defined(__AVX512F__)
     if (one_block) {
 #if FP8_BF16
-      for (; k + 64 <= k1; k += 64) {
-        __m512i xa[TB], xb[TB];
-        for (int t = 0; t < NT; t++) x64_pair(X[t] + k, &xa[t], &xb[t]);
-        for (int r = 0; r < RB; r++) {
-          __m512i wa, wb;
-          _mm_prefetch((const char*)(W[r] + k + FP8_PREFETCH), _MM_HINT_T0);
-          fp8x64_bf16(W[r] + k, &wa, &wb);
-          for (int t = 0; t < NT; t++)
-            acc[r][t] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][t], (__m512bh)wa, (__m512bh)xa[t]), (__m512bh)wb, (__m512bh)xb[t]);
-        }
-      }
+      k = fp8_bf16_chunks(W, X, k, k1, acc, NT);
 #else
       for (; k + 16 <= k1; k += 16) {
         __m512 xv[TB];
@@ -302,17 +309,7 @@ static inline __attribute__((always_inline)) void tile8(const uint8_t* const* W,
         __m512 part[RB][TB];
         for (int r = 0; r < RB; r++)
           for (int t = 0; t < NT; t++) part[r][t] = _mm512_setzero_ps();
-        for (; k + 64 <= k1; k += 64) {
-          __m512i xa[TB], xb[TB];
-          for (int t = 0; t < NT; t++) x64_pair(X[t] + k, &xa[t], &xb[t]);
-          for (int r = 0; r < RB; r++) {
-            __m512i wa, wb;
-            _mm_prefetch((const char*)(W[r] + k + FP8_PREFETCH), _MM_HINT_T0);
-            fp8x64_bf16(W[r] + k, &wa, &wb);
-            for (int t = 0; t < NT; t++)
-              part[r][t] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(part[r][t], (__m512bh)wa, (__m512bh)xa[t]), (__m512bh)wb, (__m512bh)xb[t]);
-          }
-        }
+        k = fp8_bf16_chunks(W, X, k, k1, part, NT);
         for (int r = 0; r < RB; r++) {
           const __m512 s = _mm512_set1_ps(S[r][kb]);
           for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(part[r][t], s, acc[r][t]);
