@@ -7,6 +7,13 @@ token. Both retry failed *connects* (httpx transport ``retries=``), which is
 safe for any method: nothing was sent. Request headers are forwarded as raw
 bytes (a client's non-ASCII ``X-Title`` is passed on, not re-encoded), less
 hop-by-hop headers and the proxy's own credentials.
+
+Idle pooled connections: vLLM's uvicorn closes a keep-alive connection after
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s) idle, httpx's pool keeps one for 5 s,
+so a request can go out on a connection the backend is closing just then and
+get no answer at all (seen once in 10,000 requests in CI: a 502). The pools
+drop idle connections well before the backend does, and a request that got
+no response because its connection closed is sent once more on a new one.
 """
 
 from __future__ import annotations
@@ -25,6 +32,12 @@ HOP_BY_HOP = {
 }
 NOT_FORWARDED = HOP_BY_HOP | {"x-request-id", PROXY_KEY_HEADER, CONTROL_TOKEN_HEADER.lower()}
 RawHeaders = list[tuple[bytes, bytes]]
+# Below uvicorn's and vLLM's 5 s keep-alive, with room for a loaded event loop on either side.
+IDLE_CONNECTION_EXPIRY_S = 2.0
+# What httpx raises when a pooled connection was closed under a request before any response byte:
+# the server closed it (RemoteProtocolError: "Server disconnected without sending a response"),
+# reset it (ReadError) or was gone while the request was written (WriteError).
+CLOSED_UNDER_REQUEST = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 class BackendError(RuntimeError):
@@ -43,6 +56,20 @@ def forward_headers(raw: Iterable[tuple[bytes, bytes]], request_id: str) -> RawH
     out = [(k, v) for k, v in raw if k.decode("latin-1").lower() not in drop]
     out.append((b"x-request-id", request_id.encode("ascii")))
     return out
+
+
+async def send_once_more_if_closed(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
+    """Send ``request``; if its connection closed before any response byte, send it once more.
+
+    The case is a pooled connection the backend closed while idle: the backend never read the
+    request, so sending it again is what a client would have seen with a fresh connection. A
+    backend that died is still reported: the second send fails to connect. What came back once
+    (any status, any byte) is never sent again.
+    """
+    try:
+        return await client.send(request, stream=stream)
+    except CLOSED_UNDER_REQUEST:
+        return await client.send(request, stream=stream)
 
 
 class BackendClient:
@@ -64,12 +91,14 @@ class BackendClient:
         self.streams = httpx.AsyncClient(
             base_url=self.base_url, timeout=self.timeout,
             transport=httpx.AsyncHTTPTransport(
-                retries=connect_retries, limits=httpx.Limits(max_connections=max_streams, max_keepalive_connections=64)),
+                retries=connect_retries, limits=httpx.Limits(max_connections=max_streams, max_keepalive_connections=64,
+                                                              keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)),
         )
         self.control_client = httpx.AsyncClient(
             base_url=self.base_url, timeout=self.control_timeout,
             transport=httpx.AsyncHTTPTransport(
-                retries=connect_retries, limits=httpx.Limits(max_connections=8, max_keepalive_connections=8)),
+                retries=connect_retries, limits=httpx.Limits(max_connections=8, max_keepalive_connections=8,
+                                                              keepalive_expiry=IDLE_CONNECTION_EXPIRY_S)),
         )
 
     def _control_headers(self) -> dict[str, str]:
@@ -81,7 +110,8 @@ class BackendClient:
     async def control(self, method: str, path: str, json: Any = None, params: dict[str, str] | None = None) -> dict[str, Any]:
         if method == "POST" and json is None:
             json = {}  # control routes require a declared JSON body
-        r = await self.control_client.request(method, path, json=json, params=params, headers=self._control_headers())
+        req = self.control_client.build_request(method, path, json=json, params=params, headers=self._control_headers())
+        r = await send_once_more_if_closed(self.control_client, req, stream=False)
         try:
             body = r.json()
         except ValueError:
@@ -120,7 +150,7 @@ class BackendClient:
     async def open_stream(self, method: str, path: str, headers: RawHeaders, body: bytes | None, params: Any = None) -> httpx.Response:
         """Send a request and return as soon as the response headers arrived (body streamed)."""
         req = self.streams.build_request(method, path, headers=headers, content=body, params=params)
-        return await self.streams.send(req, stream=True)
+        return await send_once_more_if_closed(self.streams, req, stream=True)
 
     async def aclose(self) -> None:
         await self.streams.aclose()
