@@ -15,6 +15,7 @@ many batches and the next run resumes with the samples not yet committed.
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -96,11 +97,17 @@ def observe_batch(model: torch.nn.Module, layout: MoELayout, input_ids: list[lis
 
         handles.append(block.register_forward_pre_hook(hook))
     try:
-        model(input_ids=ids.to(device), attention_mask=mask.to(device))
+        model(input_ids=ids.to(device), attention_mask=mask.to(device), **_no_logits(model))
     finally:
         for h in handles:
             h.remove()
     return stats
+
+
+def _no_logits(model: torch.nn.Module) -> dict[str, int]:
+    """Ask for the last position's logits only: the LM head over every position ([T, vocab]) is
+    most of a small MoE's forward on CPU and nothing here reads it."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def load_model(model_dir: Path, device: str) -> tuple[torch.nn.Module, Any]:
@@ -201,13 +208,13 @@ def _observe_chunk(
     sal = np.zeros((n, L, E), np.float32)
     coact = np.zeros((L, E, E), np.int64)
     t0 = time.perf_counter()
+    by_length = sorted(range(n), key=lambda i: len(encoded[i]))  # batches of like lengths: little padding to compute
     for start in range(0, n, batch_size):
-        batch = [x for x in encoded[start : start + batch_size]]
-        st = observe_batch(model, layout, batch, device)
-        end = start + len(batch)
-        mass[start:end], freq[start:end], sal[start:end] = st.mass, st.freq, st.saliency
+        rows = by_length[start : start + batch_size]
+        st = observe_batch(model, layout, [encoded[i] for i in rows], device)
+        mass[rows], freq[rows], sal[rows] = st.mass, st.freq, st.saliency
         coact += st.coact
-        bar.update(len(batch))
+        bar.update(len(rows))
     name = f"chunk-{index:04d}.npz"
     atomic_write(out_dir / name, lambda fh: np.savez_compressed(fh, sample_mass=mass, sample_freq=freq, sample_saliency=sal, coact=coact))
     append_rows(out_dir, [

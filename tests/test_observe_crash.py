@@ -104,3 +104,24 @@ def test_sample_identity_does_not_depend_on_the_line_number(tmp_path: Path) -> N
     f.write_text(json.dumps({"messages": [{"role": "user", "content": "a new first line"}]}) + "\n\n" + "\n".join(rows) + "\n")
     after = {s.prompt: s.sample_id for s in read_corpus([f], str)[0]}
     assert all(after[p] == sid for p, sid in before.items()) and len(after) == 4
+
+
+def test_batches_of_like_lengths_keep_each_samples_statistics_in_its_row(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Samples are batched by length; every statistic must still land on its own sample, as one at a time."""
+    import numpy as np
+
+    from reap_swap.paths import example_corpus_files
+    from reap_swap.planning.observations import load_observations
+    from reap_swap.planning.observe import observe
+
+    for name, batch in (("one", 1), ("five", 5)):
+        observe(tiny_model_dir, example_corpus_files(), tmp_path / name, max_samples=12, max_tokens=1024, batch_size=batch, progress=False)
+    a, b = load_observations(tmp_path / "one"), load_observations(tmp_path / "five")
+    tokens = a.sample_tokens.tolist()
+    assert len(set(tokens)) > 3 and tokens != sorted(tokens)  # lengths differ and are not already in order
+    assert a.sample_ids == b.sample_ids
+    for obs in (a, b):  # each row routed exactly its own sample's tokens, top-k times in every layer
+        assert (obs.sample_freq.sum(-1) == obs.sample_tokens[:, None] * obs.top_k).all()
+    np.testing.assert_allclose(a.sample_mass, b.sample_mass, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(a.sample_saliency, b.sample_saliency, rtol=1e-4, atol=1e-5)
+    assert (a.sample_freq == b.sample_freq).all() and (a.coact == b.coact).all()
