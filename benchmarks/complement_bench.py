@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from reap_swap.procs import CPU_SERVER_ENV
+
 REPO = Path(__file__).resolve().parents[1]
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
+CPU_ENV = CPU_SERVER_ENV
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
 
 

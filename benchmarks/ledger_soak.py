@@ -26,13 +26,12 @@ import psutil
 
 from reap_swap.cli import HelpFormatter
 from reap_swap.models.tiny import tiny_plan_dict
-from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
-from reap_swap.server_ext.launcher import CPU_DEFAULTS
+from reap_swap.procs import CPU_SERVER_ENV, ServerProcess, free_port, reap_swap_argv
 
 TOKEN = "soak-control-token"
 PREFIX = "soak-"
 PROMPTS = ("def f(x):", "Dear team,", "sudo apt", "Solve 3x = 9.")
-CPU_ENV = {**CPU_DEFAULTS, "VLLM_DISABLE_COMPILE_CACHE": "1"}  # what serve sets on CPU, and no compile cache between runs
+CPU_ENV = CPU_SERVER_ENV  # what serve sets on CPU (no compile cache between runs among it)
 RESULT = Path(__file__).resolve().parent / "results" / "ledger_soak.json"
 
 

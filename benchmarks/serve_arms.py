@@ -23,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from reap_swap.procs import CPU_SERVER_ENV
+
 from .cpu_misses import RESERVED_FOR_VLLM  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
 from .cudagraph import capture_sizes
 
@@ -36,7 +38,7 @@ ATTACHED_MARKER = "reap-swap bench-serve: trace routing attached "
 """The line a server's worker prints (then ``describe()`` as JSON) once its trace replay is attached."""
 STOCK_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving.StockTraceExtension"
 REAP_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving_reap.ReapTraceExtension"
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+CPU_ENV = CPU_SERVER_ENV  # stock arms run vLLM itself: the same settings serve gives the reap arms
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from .example.corpora import realistic_corpus_files, subsample
 from .paths import bundled_model_dir
 from .procs import ServerProcess, free_port, reap_swap_argv
 
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def step(msg: str) -> None:
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bport, pport = free_port(), free_port()
     backend = ServerProcess(reap_swap_argv("serve", "--model", str(model), "--plan", str(plan_path), "--port", str(bport),
                                            "--max-model-len", "2048", "--no-enable-prefix-caching"),
-                            bport, work / "logs" / "serve.log", env=CPU_ENV, name="reap-swap serve")
+                            bport, work / "logs" / "serve.log", name="reap-swap serve")  # serve sets CPU_SERVER_ENV on CPU
     proxy = ServerProcess(reap_swap_argv("proxy", "--backend", f"http://127.0.0.1:{bport}", "--plan", str(plan_path),
                                          "--classifier", str(clf_dir), "--port", str(pport)),
                           pport, work / "logs" / "proxy.log", name="reap-swap proxy")

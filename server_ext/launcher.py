@@ -29,6 +29,7 @@ from pathlib import Path
 from reap_swap.cli import HelpFormatter
 from reap_swap.models.families import UnsupportedModelError, layout_for, read_config
 from reap_swap.plan import PlanError, check_plan_fits_model, load_plan
+from reap_swap.procs import cpu_server_env
 
 from . import config as reap_config
 from .control.auth import is_loopback
@@ -37,7 +38,6 @@ WORKER_EXTENSION = "reap_swap.server_ext.swap_repair.RepairingWorkerExtension"
 MIDDLEWARE = "reap_swap.server_ext.control.http.ReapControlMiddleware"
 # vLLM's OpenAI server entry module moved in 0.29; both run as __main__.
 SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
-CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def _cpu_path():  # type: ignore[no-untyped-def]
@@ -441,8 +441,7 @@ def main(argv: list[str]) -> int:
         env[reap_config.ENV_TOKEN] = token
     os.environ.update(env)
     if _on_cpu():
-        for key, value in CPU_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        os.environ.update(cpu_server_env(os.environ))
     sys.argv = [module, *vllm_argv(args, passthrough)]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0

@@ -121,3 +121,13 @@ def test_older_vllm_without_launchers_gets_the_openai_server(tmp_path: Path) -> 
     out = subprocess.run(stock_vllm_argv("m", "--port", "0"), env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "openai api_server ['--model', 'm', '--port', '0']" in out.stdout
+
+
+def test_a_cpu_servers_settings_yield_to_the_callers_and_bound_threads_keep_the_worker_process() -> None:
+    from reap_swap.procs import CPU_SERVER_ENV, cpu_server_env
+
+    assert cpu_server_env({}) == CPU_SERVER_ENV
+    assert cpu_server_env({"VLLM_CPU_KVCACHE_SPACE": "8"}) == {k: v for k, v in CPU_SERVER_ENV.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    bound = cpu_server_env({"VLLM_CPU_OMP_THREADS_BIND": "0-15"})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in bound and "VLLM_ENABLE_V1_MULTIPROCESSING" not in bound  # vLLM's worker binds them
+    assert cpu_server_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}).get("VLLM_ENABLE_V1_MULTIPROCESSING") is None

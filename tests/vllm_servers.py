@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from reap_swap.procs import ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
+from reap_swap.procs import CPU_SERVER_ENV, ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
 
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_DISABLE_COMPILE_CACHE": "1"}
+CPU_ENV = CPU_SERVER_ENV  # stock servers run vLLM itself: the settings serve gives the reap servers
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n",
     "Write a short email to a colleague about the meeting tomorrow.",
