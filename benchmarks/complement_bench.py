@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import random
 import statistics
@@ -27,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reap_swap.procs import CPU_SERVER_ENV
+from reap_swap.procs import cpu_server_env
 
 REPO = Path(__file__).resolve().parents[1]
-CPU_ENV = CPU_SERVER_ENV
+CPU_ENV = cpu_server_env(os.environ)
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
 
 

@@ -26,12 +26,12 @@ import psutil
 
 from reap_swap.cli import HelpFormatter
 from reap_swap.models.tiny import tiny_plan_dict
-from reap_swap.procs import CPU_SERVER_ENV, ServerProcess, free_port, reap_swap_argv
+from reap_swap.procs import ServerProcess, cpu_server_env, free_port, reap_swap_argv
 
 TOKEN = "soak-control-token"
 PREFIX = "soak-"
 PROMPTS = ("def f(x):", "Dear team,", "sudo apt", "Solve 3x = 9.")
-CPU_ENV = CPU_SERVER_ENV  # what serve sets on CPU (no compile cache between runs among it)
+CPU_ENV = cpu_server_env(os.environ)  # what serve sets on CPU (no compile cache between runs among it)
 RESULT = Path(__file__).resolve().parent / "results" / "ledger_soak.json"
 
 

@@ -20,10 +20,11 @@ the trace in the worker process: requests name their trace request in their id.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from reap_swap.procs import CPU_SERVER_ENV
+from reap_swap.procs import cpu_server_env
 
 from .cpu_misses import RESERVED_FOR_VLLM  # cores left to vLLM's own threads, as bench-gpu's CPU-path arms
 from .cudagraph import capture_sizes
@@ -38,7 +39,6 @@ ATTACHED_MARKER = "reap-swap bench-serve: trace routing attached "
 """The line a server's worker prints (then ``describe()`` as JSON) once its trace replay is attached."""
 STOCK_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving.StockTraceExtension"
 REAP_TRACE_EXTENSION = "reap_swap.benchmarks.trace_serving_reap.ReapTraceExtension"
-CPU_ENV = CPU_SERVER_ENV  # stock arms run vLLM itself: the same settings serve gives the reap arms
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def engine_args(s: ServeSettings) -> list[str]:
 def server_env(s: ServeSettings) -> dict[str, str]:
     env: dict[str, str] = {}
     if s.device == "cpu":
-        env.update(CPU_ENV)
+        env.update(cpu_server_env(os.environ))  # stock arms run vLLM itself: the settings serve gives the reap arms
     if s.trace:
         env[ENV_TRACE] = s.trace
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # the replay hooks the V1 runner

@@ -27,7 +27,6 @@ from reap_swap.plan import PlanError, load_plan
 
 from .model import ClassifierError, SliceClassifier
 
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def held_out_prompts(corpus: Path, limit: int) -> list[str]:
@@ -148,7 +147,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     server = ServerProcess(reap_swap_argv("serve", "--model", str(a.model), "--plan", str(a.plan), "--port", str(port),
                                           "--max-model-len", "2048", "--no-enable-prefix-caching"),
-                           port, a.workdir / "serve.log", env=CPU_ENV, name="reap-swap serve")
+                           port, a.workdir / "serve.log", name="reap-swap serve")  # serve sets the CPU settings
     with server:
         with Load(server.url, str(a.model), prompts, a.streams, a.gen_tokens) as load:
             result["loaded"] = measure(clf, prompts, a.budget_ms, a.gap_ms / 1e3)

@@ -105,8 +105,8 @@ def observe_batch(model: torch.nn.Module, layout: MoELayout, input_ids: list[lis
 
 
 def _no_logits(model: torch.nn.Module) -> dict[str, int]:
-    """Ask for the last position's logits only: the LM head over every position ([T, vocab]) is
-    most of a small MoE's forward on CPU and nothing here reads it."""
+    """Ask for the last position's logits only: nothing here reads them, and the LM head over every
+    position ([T, vocab]) took a third of the small MoE's observation time on CPU (11.7 of 38.7 s)."""
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 

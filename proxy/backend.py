@@ -12,8 +12,8 @@ Idle pooled connections: vLLM's uvicorn closes a keep-alive connection after
 ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s) idle, httpx's pool keeps one for 5 s,
 so a request can go out on a connection the backend is closing just then and
 get no answer at all (seen once in 10,000 requests in CI: a 502). The pools
-drop idle connections well before the backend does, and a request that got
-no response because its connection closed is sent once more on a new one.
+drop idle connections well before the backend does, and a request whose
+reused connection closed before any response byte is sent once more.
 """
 
 from __future__ import annotations
@@ -59,17 +59,36 @@ def forward_headers(raw: Iterable[tuple[bytes, bytes]], request_id: str) -> RawH
 
 
 async def send_once_more_if_closed(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
-    """Send ``request``; if its connection closed before any response byte, send it once more.
+    """Send ``request``; if a *reused* pooled connection closed under it before any response byte,
+    send it once more (on a new connection).
 
-    The case is a pooled connection the backend closed while idle: the backend never read the
-    request, so sending it again is what a client would have seen with a fresh connection. A
-    backend that died is still reported: the second send fails to connect. What came back once
-    (any status, any byte) is never sent again.
+    That is the idle-close race: the backend closed the connection while it sat in the pool and
+    never read the request. A request that went out on a connection opened for it, or that got any
+    byte back (a status line, part of a body), is never sent again: the backend may have acted on it
+    (a swap, a ``router_misses`` read that clears the ledger). Left over: a backend that read a
+    request from a reused connection and died before answering gets it twice, once dead (the second
+    send then fails to connect), and the error stands.
     """
+    opened: list[str] = []
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if "connect_tcp" in event or "connect_unix_socket" in event:
+            opened.append(event)
+
+    request.extensions["trace"] = trace
     try:
-        return await client.send(request, stream=stream)
-    except CLOSED_UNDER_REQUEST:
-        return await client.send(request, stream=stream)
+        response = await client.send(request, stream=True)
+    except CLOSED_UNDER_REQUEST as exc:
+        nothing_came_back = not isinstance(exc, httpx.RemoteProtocolError) or "without sending a response" in str(exc)
+        if opened or not nothing_came_back:
+            raise
+        response = await client.send(request, stream=True)
+    if not stream:  # read here, outside the resend: a body cut short is an error, never a second request
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+    return response
 
 
 class BackendClient:

@@ -28,7 +28,6 @@ from reap_swap.cli import HelpFormatter
 from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def _prompts(corpus: Path, n: int) -> list[tuple[str, str]]:
@@ -129,7 +128,7 @@ def main(argv: list[str]) -> int:
     logs = a.out.parent
     bport = free_port()
     backend = ServerProcess(reap_swap_argv("serve", "--model", str(a.model), "--plan", str(a.plan), "--port", str(bport), *a.vllm_args.split()),
-                            bport, logs / "bench-proxy-backend.log", env=CPU_ENV, name="backend")
+                            bport, logs / "bench-proxy-backend.log", name="backend")  # serve sets the CPU settings
 
     def proxy(*extra: str) -> ServerProcess:
         port = free_port()

@@ -27,7 +27,6 @@ from .paths import bundled_model_dir
 from .procs import ServerProcess, free_port, reap_swap_argv
 
 
-
 def step(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

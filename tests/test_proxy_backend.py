@@ -25,6 +25,7 @@ class ClosingServer:
 
     answered: int = 1
     status: int = 200
+    partial: bool = False  # under the next request: the headers and part of the body, then close
     requests: list[tuple[int, str]] = field(default_factory=list)  # (connection number, request line)
     connections: int = 0
 
@@ -39,7 +40,10 @@ class ClosingServer:
                 await reader.readexactly(length)
                 self.requests.append((conn, lines[0]))
                 if served == self.answered:
-                    return  # closed under the request: no status line, no byte
+                    if self.partial:
+                        writer.write(b"HTTP/1.1 200 X\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n{\"connect")
+                        await writer.drain()
+                    return  # closed under the request
                 served += 1
                 body = json.dumps({"connection": conn}).encode()
                 writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -104,8 +108,10 @@ def test_a_control_call_whose_pooled_connection_closes_is_sent_again() -> None:
     assert [c for c, _ in server.requests] == [1, 1, 2]
 
 
-def test_an_answer_is_never_sent_twice_and_a_second_close_is_an_error() -> None:
-    """An error status is the backend's answer; a connection that closes twice in a row is a backend fault."""
+def test_an_answer_is_never_sent_twice_nor_a_request_on_a_connection_opened_for_it() -> None:
+    """An error status is the backend's answer; a body cut short came from a backend that read the request
+    (a swap, a ledger read that clears); a connection opened for the request and closed under it may have
+    been read too. Each is sent once and reported."""
     server = ClosingServer(answered=1, status=500)
 
     async def answered() -> int:
@@ -117,6 +123,20 @@ def test_an_answer_is_never_sent_twice_and_a_second_close_is_an_error() -> None:
             return r.status_code
 
     assert run(answered()) == 500 and len(server.requests) == 1
+    cut = ClosingServer(answered=1, partial=True)
+
+    async def cut_short() -> None:
+        async with serving(cut) as url:
+            client = BackendClient(url, control_token="t")
+            try:
+                await client.status()  # answered on connection 1
+                await client.swap({"active_set": {}})  # headers and 9 bytes of its body, then closed
+            finally:
+                await client.aclose()
+
+    with pytest.raises(httpx.RemoteProtocolError):
+        run(cut_short())
+    assert [c for c, _ in cut.requests] == [1, 1]  # the swap went out once
     dead = ClosingServer(answered=0)  # closes every connection under its first request
 
     async def refused() -> None:
@@ -129,7 +149,7 @@ def test_an_answer_is_never_sent_twice_and_a_second_close_is_an_error() -> None:
 
     with pytest.raises(httpx.RemoteProtocolError):
         run(refused())
-    assert len(dead.requests) == 2  # sent once more, on a new connection, and no more
+    assert len(dead.requests) == 1  # a new connection closed under it: not sent again
 
 
 def test_idle_connections_are_dropped_before_the_backends_keep_alive_closes_them() -> None:

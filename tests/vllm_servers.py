@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from reap_swap.procs import CPU_SERVER_ENV, ServerProcess, free_port, reap_swap_argv, stock_vllm_argv
+from reap_swap.procs import ServerProcess, cpu_server_env, free_port, reap_swap_argv, stock_vllm_argv
 
 COMMON = ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--no-enable-prefix-caching", "--seed", "0"]
-CPU_ENV = CPU_SERVER_ENV  # stock servers run vLLM itself: the settings serve gives the reap servers
+CPU_ENV = cpu_server_env(os.environ)  # stock servers run vLLM itself: the settings serve gives the reap servers
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n",
     "Write a short email to a colleague about the meeting tomorrow.",
