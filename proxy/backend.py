@@ -66,8 +66,8 @@ async def send_once_more_if_closed(client: httpx.AsyncClient, request: httpx.Req
     never read the request. A request that went out on a connection opened for it, or that got any
     byte back (a status line, part of a body), is never sent again: the backend may have acted on it
     (a swap, a ``router_misses`` read that clears the ledger). Left over: a backend that read a
-    request from a reused connection and died before answering gets it twice, once dead (the second
-    send then fails to connect), and the error stands.
+    request from a reused connection and then died is sent it again; that second send fails to
+    connect, and the error stands.
     """
     opened: list[str] = []
 
