@@ -28,7 +28,6 @@ from reap_swap.plan import PlanError, load_plan
 from .model import ClassifierError, SliceClassifier
 
 
-
 def held_out_prompts(corpus: Path, limit: int) -> list[str]:
     """What the proxy would classify: the prompt text of each conversation (last user turn + context)."""
     from reap_swap.planning.corpus import conversation_messages, prompt_text

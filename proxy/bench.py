@@ -29,7 +29,6 @@ from reap_swap.plan import load_plan
 from reap_swap.procs import ServerProcess, free_port, reap_swap_argv
 
 
-
 def _prompts(corpus: Path, n: int) -> list[tuple[str, str]]:
     from reap_swap.planning.corpus import conversation_messages, prompt_text
 

@@ -56,11 +56,12 @@ class ClosingServer:
 
 
 @asynccontextmanager
-async def serving(server: ClosingServer) -> AsyncIterator[str]:
+async def serving(server: ClosingServer, control_token: str | None = None) -> AsyncIterator[BackendClient]:
+    """``server`` on a loopback port and a proxy backend client of it; both closed on the way out."""
     srv = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    port = srv.sockets[0].getsockname()[1]
+    client = BackendClient(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}", control_token=control_token)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield client
     finally:
         srv.close()
         await srv.wait_closed()
@@ -70,20 +71,26 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
+async def answer(client: BackendClient, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+    """One request through the client's stream pool: its status and JSON body."""
+    r = await client.open_stream(method, path, [(b"content-type", b"application/json")], body)
+    try:
+        await r.aread()
+        return r.status_code, r.json()
+    finally:
+        await r.aclose()
+
+
 def test_a_completion_whose_pooled_connection_closes_is_sent_again_on_a_new_one() -> None:
     server = ClosingServer(answered=1)
 
     async def go() -> list[dict]:
-        async with serving(server) as url:
-            client = BackendClient(url)
+        async with serving(server) as client:
             out = []
             for _ in range(3):
-                r = await client.open_stream("POST", "/v1/completions", [(b"content-type", b"application/json")], b'{"prompt": "hi"}')
-                await r.aread()
-                assert r.status_code == 200
-                out.append(r.json())
-                await r.aclose()
-            await client.aclose()
+                status, body = await answer(client, "POST", "/v1/completions", b'{"prompt": "hi"}')
+                assert status == 200
+                out.append(body)
             return out
 
     answers = run(go())
@@ -98,11 +105,8 @@ def test_a_control_call_whose_pooled_connection_closes_is_sent_again() -> None:
     server = ClosingServer(answered=1)
 
     async def go() -> list[dict]:
-        async with serving(server) as url:
-            client = BackendClient(url, control_token="t")
-            out = [await client.status(), await client.swap({"active_set": {}})]
-            await client.aclose()
-            return out
+        async with serving(server, control_token="t") as client:
+            return [await client.status(), await client.swap({"active_set": {}})]
 
     assert [a["connection"] for a in run(go())] == [1, 2]
     assert [c for c, _ in server.requests] == [1, 1, 2]
@@ -115,24 +119,18 @@ def test_an_answer_is_never_sent_twice_nor_a_request_on_a_connection_opened_for_
     server = ClosingServer(answered=1, status=500)
 
     async def answered() -> int:
-        async with serving(server) as url:
-            client = BackendClient(url)
+        async with serving(server) as client:
             r = await client.open_stream("POST", "/v1/completions", [], b"{}")
             await r.aclose()
-            await client.aclose()
             return r.status_code
 
     assert run(answered()) == 500 and len(server.requests) == 1
     cut = ClosingServer(answered=1, partial=True)
 
     async def cut_short() -> None:
-        async with serving(cut) as url:
-            client = BackendClient(url, control_token="t")
-            try:
-                await client.status()  # answered on connection 1
-                await client.swap({"active_set": {}})  # headers and 9 bytes of its body, then closed
-            finally:
-                await client.aclose()
+        async with serving(cut, control_token="t") as client:
+            await client.status()  # answered on connection 1
+            await client.swap({"active_set": {}})  # headers and 9 bytes of its body, then closed
 
     with pytest.raises(httpx.RemoteProtocolError):
         run(cut_short())
@@ -140,12 +138,8 @@ def test_an_answer_is_never_sent_twice_nor_a_request_on_a_connection_opened_for_
     dead = ClosingServer(answered=0)  # closes every connection under its first request
 
     async def refused() -> None:
-        async with serving(dead) as url:
-            client = BackendClient(url)
-            try:
-                await client.open_stream("POST", "/v1/completions", [], b"{}")
-            finally:
-                await client.aclose()
+        async with serving(dead) as client:
+            await client.open_stream("POST", "/v1/completions", [], b"{}")
 
     with pytest.raises(httpx.RemoteProtocolError):
         run(refused())
@@ -157,16 +151,11 @@ def test_idle_connections_are_dropped_before_the_backends_keep_alive_closes_them
     server = ClosingServer(answered=2)
 
     async def go() -> list[int]:
-        async with serving(server) as url:
-            client = BackendClient(url)
+        async with serving(server) as client:
             out = []
             for pause in (0.0, IDLE_CONNECTION_EXPIRY_S + 0.5):
                 await asyncio.sleep(pause)
-                r = await client.open_stream("GET", "/health", [], None)
-                await r.aread()
-                out.append(r.json()["connection"])
-                await r.aclose()
-            await client.aclose()
+                out.append((await answer(client, "GET", "/health"))[1]["connection"])
             return out
 
     assert IDLE_CONNECTION_EXPIRY_S < 5
