@@ -26,7 +26,11 @@ steps but the first and the last, 61 per request at bs1, 120 at bs8 as in the be
 * ``fast_bg`` -- a prediction for issue 25's off-critical-path promotions (not in the server): the fast
   order, and the cache may also promote CPU-computed experts, copied on a copy stream beside the CPU and
   published next step, as many of the hottest as the link has room for under the split's cost model
-  (the CPU's time minus the link's reads and in-line copies, in whole experts).
+  (the CPU's time minus the link's reads and in-line copies, in whole experts);
+* ``SplitRule.slices`` > 1 -- a prediction for a split finer than an expert (not in the server): each missed expert
+  is ``slices`` slices of its intermediate dimension and the split assigns slices, so one expert is computed
+  partly by the CPU and partly over the link (counts become fractions of experts). In the fast order an expert
+  the CPU computes any slice of is not promoted.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ class SplitRule:
     max_step_tokens: int = 0
     """``CostModel.max_step_tokens``: larger steps up to this many tokens join under the pair budget (0: none)."""
     pair_budget: int = 0
+    slices: int = 1
+    """Equal slices of each missed expert's intermediate dimension the split assigns one by one (1: whole experts,
+    the server's rule). With more, one expert can be computed partly by the CPU and partly over the link -- exact,
+    since an expert's output is a sum over its intermediate columns -- a design not built: a prediction."""
+
+    def __post_init__(self) -> None:
+        if self.slices < 1:
+            raise ValueError(f"slices must be >= 1: {self.slices}")
 
     @property
     def step_tokens(self) -> int:
@@ -91,6 +103,38 @@ def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int
     link = (m - n) * (expert_bytes / (rule.link_GBps * 1e9))
     best = int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
     return order[:best]
+
+
+def split_shares(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
+                 priority: np.ndarray | None = None, top_k: int = 8) -> np.ndarray:
+    """Each missed expert's share (0..1, in steps of ``1 / rule.slices``) the CPU computes.
+
+    Whole experts (``slices`` 1): ``split_cpu``'s choice. Sliced: the same candidate order, each expert's slices
+    in turn; the CPU takes the first ``u`` slices minimising ``max(cpu(u), link(rest))`` whose pairs (a slice
+    carries its expert's pairs pro rata) fit the step's pair limit (ties: the smallest ``u``).
+    """
+    m, p = len(pairs), rule.slices
+    share = np.zeros(m)
+    if p == 1:
+        share[split_cpu(pairs, rule, expert_bytes, tokens, priority, top_k)] = 1.0
+        return share
+    limit = rule.pair_limit(tokens, top_k)
+    if m == 0 or limit == 0:
+        return share
+    if priority is None:
+        keys: tuple[np.ndarray, ...] = (np.arange(m), pairs)
+    else:
+        prio = np.asarray(priority, dtype=np.float32)
+        keys = (np.arange(m), prio, pairs) if tokens > rule.max_tokens else (np.arange(m), pairs, prio)
+    order = np.lexsort(keys)
+    unit_pairs = np.repeat(pairs[order] / p, p)
+    prefix = np.concatenate([[0.0], np.cumsum(unit_pairs)])
+    u = np.arange(m * p + 1, dtype=np.float64)
+    cpu = (u > 0) * rule.fixed_s + u * (expert_bytes / p / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
+    link = (m * p - u) * (expert_bytes / p / (rule.link_GBps * 1e9))
+    best = int(np.argmin(np.where(prefix <= limit + 1e-9, np.maximum(cpu, link), np.inf)))
+    share[order] = np.clip(best - p * np.arange(m), 0, p) / p
+    return share
 
 
 @dataclass(frozen=True)
@@ -203,6 +247,8 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
     """Every engine step of ``batches`` under ``arm``, with its per-layer counts."""
     L, E, K = trace.num_layers, trace.num_experts, trace.top_k
     out: list[Step] = []
+    if arm.kind == "fast_bg" and arm.cpu is not None and arm.cpu.slices > 1:
+        raise ValueError("fast_bg prices the link's room in whole experts: give it an unsliced split")
     reap = arm.kind in ("static", "cache", "fast", "fast_bg")
     for batch in batches:
         state = _Layers(arm, batch, L, E, slots)
@@ -236,10 +282,10 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                 miss = ~hit & ~promoted
                 c.promoted[l] = int(promoted.sum())
                 c.resident[l] = int((hit | promoted).sum())
-                to_cpu = split_cpu(per[miss], arm.cpu, expert_bytes, tokens, top_k=K) if arm.cpu is not None else np.empty(0, dtype=np.int64)
-                c.cpu[l] = len(to_cpu)
-                c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
-                c.link[l] = int(miss.sum()) - len(to_cpu)
+                share = split_shares(per[miss], arm.cpu, expert_bytes, tokens, top_k=K) if arm.cpu is not None else np.zeros(int(miss.sum()))
+                c.cpu[l] = share.sum()
+                c.cpu_pairs[l] = float(per[miss] @ share)
+                c.link[l] = int(miss.sum()) - share.sum()
             out.append(Step(timed, decode, c, pairs, missed_pairs))
     return out
 
@@ -250,23 +296,27 @@ def _fast_layer(cache: LFRU, experts: np.ndarray, per: np.ndarray, rule: SplitRu
     hit = cache.resident[experts].copy()
     miss = np.flatnonzero(~hit)
     prio = cache.count[experts[miss]].copy()  # the scores before this step's update
-    to_cpu = split_cpu(per[miss], rule, expert_bytes, tokens, prio, top_k) if rule is not None else np.empty(0, dtype=np.int64)
+    share = split_shares(per[miss], rule, expert_bytes, tokens, prio, top_k) if rule is not None else np.zeros(len(miss))
+    to_cpu = np.flatnonzero(share)
+    # an expert the CPU computes any slice of is not copied in line: promoting a sliced one (a whole copy in place of
+    # its link slices) made the fast arm slower in every clock replayed (e.g. 6.40 against 5.16 ms, h100-onerun3-v1 bs1)
     on_cpu = experts[miss[to_cpu]]
     exclude = on_cpu
-    if link_idle_ms is not None and rule is not None and len(on_cpu):
+    if link_idle_ms is not None and rule is not None and len(on_cpu):  # whole experts only (replay refuses slices)
         room = _link_room(rule, expert_bytes, len(miss) - len(to_cpu), len(to_cpu), int(per[miss][to_cpu].sum()), link_idle_ms / 1e3)
         hottest = np.lexsort((on_cpu, -prio[to_cpu]))[:room]  # the CPU experts worth a slot first
         exclude = np.delete(on_cpu, hottest)
     res = cache.access(experts, np.zeros(len(experts)), exclude=exclude)
     promoted = cache.resident[experts] & ~res.hits
     bg = promoted & np.isin(experts, on_cpu)
+    inline = promoted & ~bg
     if c.background is not None:
         c.background[l] = int(bg.sum())
-    c.promoted[l] = int((promoted & ~bg).sum())
-    c.resident[l] = int((hit | (promoted & ~bg)).sum())
-    c.cpu[l] = len(to_cpu)
-    c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
-    c.link[l] = len(miss) - len(to_cpu) - int((promoted & ~bg).sum())
+    c.promoted[l] = int(inline.sum())
+    c.resident[l] = int((hit | inline).sum())
+    c.cpu[l] = share.sum()
+    c.cpu_pairs[l] = float(per[miss] @ share)
+    c.link[l] = float(((1.0 - share) * ~inline[miss]).sum())
     return int(per[~hit].sum())
 
 

@@ -42,10 +42,14 @@ TOLERANCE = 0.10
 ISSUE25 = {"stock_gpu": (468.4, 1986.0), "stock_offload": (37.2, 70.3), "reap_cache": (119.6, 163.1),
            "reap_static_cpu": (175.7, 315.4), "reap_cache_cpu": (118.0, 245.3)}
 ARMS = ("stock_gpu", "stock_offload", "reap_static", "reap_plan", "reap_classifier", "reap_classifier_complement",
-        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast", "reap_fast_classifier", "reap_fast_bg")
-PREDICTIONS = ("reap_fast", "reap_fast_bg")
+        "reap_cache", "reap_static_cpu", "reap_cache_cpu", "reap_fast", "reap_fast_classifier", "reap_fast_bg",
+        "reap_static_cpu_sliced", "reap_fast_sliced")
+PREDICTIONS = ("reap_fast", "reap_fast_bg", "reap_static_cpu_sliced", "reap_fast_sliced")
 """Arms validated on every machine even where no run measured them (their rows are predictions). A stock arm a run
 lost is a prediction too; a reap arm without its step fails the validation."""
+SLICES = 4
+"""``*_sliced`` predictions: the arm with each missed expert split into this many slices of its intermediate dimension
+(``SplitRule.slices``), so one expert can be computed partly on the CPU and partly over the link. Not built."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,13 @@ def _sets(block: Mapping[str, Any]) -> dict[int, np.ndarray]:
 
 
 def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: int, machine: Machine = H200) -> Arm:
-    """``arm``'s rules as the run set them (the cache's knobs and the split's cost model from the run JSONs)."""
+    """``arm``'s rules as the run set them (the cache's knobs and the split's cost model from the run JSONs);
+    ``<arm>_sliced``: ``<arm>``'s with a split of ``SLICES`` slices per expert."""
+    if arm.endswith("_sliced"):
+        whole = arm_rules(src, arm.removesuffix("_sliced"), expert_bytes, layers, experts, machine)
+        if whole.cpu is None:
+            raise ClockError(f"{arm}: {whole.name} has no CPU path to slice")
+        return replace(whole, name=arm, cpu=replace(whole.cpu, slices=SLICES))
     oc = src.get(machine.learned, f"arms.{machine.cache_arm}.online_cache")
     cache = CacheRule(int(oc["cap"]), float(oc["decay"]), oc["hysteresis"], float(oc["prior_weight"]))
     cm = src.get(machine.learned_cpu, "raw.reap_static_cpu.cpu_path_bs1.cost_model")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reap_swap.planning.clock_arms import Arm, Batch, CacheRule, Request, SplitRule, replay, split_cpu
+from reap_swap.planning.clock_arms import Arm, Batch, CacheRule, Request, SplitRule, replay, split_cpu, split_shares
 from reap_swap.planning.simulate import main as simulate_main, sweep_cap
 from reap_swap.planning.step_time import Clock, ClockError, StepCounts, load_clock, step_ms
 from reap_swap.planning.traces import DECODE, PREFILL, RequestRoute, build, save
@@ -107,8 +107,8 @@ def test_committed_validation_holds_every_reap_arm_within_ten_percent() -> None:
     assert report["clock"] == load_clock(RESULTS / "step_time_h200.json").to_json()
     reap = [r for r in report["rows"] if r["arm"].startswith("reap") and not r.get("prediction")]
     assert {r["batch"] for r in reap} == {1, 8} and len(reap) == 14
-    fast = [r for r in report["rows"] if r.get("prediction")]  # serve --fast and the copy-stream design: no H200 run of either
-    assert [r["arm"] for r in fast] == ["reap_fast"] * 2 + ["reap_fast_bg"] * 2
+    fast = [r for r in report["rows"] if r.get("prediction")]  # serve --fast and two designs not built: no H200 run of any
+    assert [r["arm"] for r in fast] == [a for a in ("reap_fast", "reap_fast_bg", "reap_static_cpu_sliced", "reap_fast_sliced") for _ in (1, 8)]
     assert all(r["measured_ms"] is None and r["simulated_ms"] > 0 for r in fast)
     assert report["all_reap_within_10pct"] and all(abs(r["error_pct"]) <= 10.0 for r in reap)
     assert report["fitted"] == {"constants": ["base_ms"], "on_arms": ["stock_gpu"]}
@@ -193,6 +193,56 @@ def test_fast_order_split_first_by_hand() -> None:
     assert (o.promoted[0], o.cpu[0], o.link[0], o.resident[0]) == (2, 0, 0, 2)
     assert (n.promoted[0], n.cpu[0], n.cpu_pairs[0], n.link[0], n.resident[0]) == (1, 1, 1, 0, 1)
     assert old[1].missed_pairs == new[1].missed_pairs == 2 and n.cache and n.cpu_path and n.reap
+
+
+def test_sliced_split_by_hand() -> None:
+    """Slices of one expert go to either pipe: equal pipes halve a lone miss; a CPU twice the link's speed takes
+    3 of 4 slices (0.375 ms against 0.25, where 2 of 4 leave the link 0.5 ms); whole experts are ``split_cpu``'s."""
+    even = SplitRule(link_GBps=50.0, cpu_GBps=50.0, fixed_s=0.0, pair_s=0.0)
+    assert list(split_shares(np.array([1]), even, MB50, 1)) == [0.0]  # whole: 1 ms either way, the link (smallest n)
+    assert list(split_shares(np.array([1]), SplitRule(50.0, 50.0, 0.0, 0.0, slices=2), MB50, 1)) == [0.5]
+    assert list(split_shares(np.array([1]), SplitRule(50.0, 100.0, 0.0, 0.0, slices=4), MB50, 1)) == [0.75]
+    # the candidates' order is split_cpu's: fewest missed pairs first, so expert 1 (1 pair) before 0 (3 pairs)
+    assert list(split_shares(np.array([3, 1]), SplitRule(50.0, 100.0, 0.0, 0.0, slices=4), MB50, 1)) == [0.25, 1.0]
+    assert not split_shares(np.array([1, 1]), SplitRule(50.0, 50.0, 0.0, 0.0, slices=4), MB50, 9).any()  # past max_tokens
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # one slice per expert is the server's whole-expert rule, priorities and budgets included
+        rule = SplitRule(50.0, float(rng.uniform(20, 150)), 25e-6, 1e-6, 8, 32, int(rng.integers(8, 64)))
+        per, t = rng.integers(1, 9, size=int(rng.integers(0, 12))), int(rng.integers(1, 40))
+        prio = rng.random(len(per)).astype(np.float32)
+        want = np.zeros(len(per))
+        want[split_cpu(per, rule, 9437184, t, prio)] = 1.0
+        assert list(split_shares(per, rule, 9437184, t, prio)) == list(want)
+    with pytest.raises(ValueError, match="slices"):
+        SplitRule(50.0, 50.0, slices=0)
+
+
+def test_sliced_split_on_the_arms() -> None:
+    """The by-hand trace's timed step with two misses: whole experts put one on each pipe (1 ms); with a CPU twice
+    the link's speed and 4 slices the CPU takes 5 of 8 (0.625 ms against 0.75 on the link, where 6 of 8 would leave
+    the CPU 0.75 and 4 of 8 the link 1 ms).
+
+    The fast order on the trace of ``test_fast_order_split_first_by_hand`` with a CPU half the link's speed: the
+    prefill's lone miss (3) goes 1 slice to the CPU, 3 to the link, and is not promoted (the CPU computes part of it);
+    the decode row's misses [1, 2] give the CPU 2 of 8 slices, both of expert 1 (equal scores and pairs: lowest id),
+    so 2, wholly the link's, is promoted and 1's other half crosses the link.
+    """
+    whole, sliced = SplitRule(50.0, 100.0, 0.0, 0.0), SplitRule(50.0, 100.0, 0.0, 0.0, slices=4)
+    a = replay(_tiny(), _batch(), Arm("s", "static", cpu=whole), MB50, slots=2)[2].counts  # type: ignore[arg-type]
+    b = replay(_tiny(), _batch(), Arm("s", "static", cpu=sliced), MB50, slots=2)[2].counts  # type: ignore[arg-type]
+    assert (a.cpu[0], a.link[0]) == (1, 1) and (b.cpu[0], b.link[0], b.cpu_pairs[0]) == (1.25, 0.75, 1.25)
+    clock = _clock(cpu_GBps=100.0, host_dram_GBps=1000.0)
+    assert step_ms(clock, b, MB50).total < step_ms(clock, a, MB50).total
+    ids = np.array([[[0, 3]], [[1, 2]]], dtype=np.int64)
+    meta = {"model": {"path": "tiny"}, "moe_layers": [0], "num_experts": 4, "top_k": 2, "expert_bytes": MB50}
+    trace = build(meta, [RequestRoute("r0", np.array([PREFILL, DECODE], dtype=np.uint8), ids, np.full(ids.shape, 0.5), {})])
+    batch = [Batch((Request(0, 1, 2),), {0: np.array([0])})]
+    slow_cpu = SplitRule(50.0, 25.0, 0.0, 0.0, slices=4)
+    p, d = (s.counts for s in replay(trace, batch, Arm("f", "fast", cache=CacheRule(cap=2, decay=0.5), cpu=slow_cpu), MB50, slots=3))  # type: ignore[arg-type]
+    assert (p.promoted[0], p.cpu[0], p.link[0], p.resident[0]) == (0, 0.25, 0.75, 1)
+    assert (d.promoted[0], d.cpu[0], d.cpu_pairs[0], d.link[0], d.resident[0]) == (1, 0.5, 0.5, 0.5, 1)
+    with pytest.raises(ValueError, match="unsliced"):
+        replay(_tiny(), _batch(), Arm("b", "fast_bg", cache=CacheRule(), cpu=sliced), MB50, slots=2)  # type: ignore[arg-type]
 
 
 def test_split_matches_the_servers_plan_split() -> None:
@@ -393,7 +443,7 @@ def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(
     report = json.loads((RESULTS / f"simulate_clock_h100_{tag}.json").read_text())
     run = json.loads((RESULTS / MACHINES[machine].learned).read_text())
     for r in report["rows"]:
-        if r["arm"] == "reap_fast_bg":  # a design no run has: a prediction
+        if r["arm"] in ("reap_fast_bg", "reap_static_cpu_sliced", "reap_fast_sliced"):  # designs no run has: predictions
             assert r["prediction"] and r["measured_ms"] is None
             continue
         batch_tok_s = run["arms"][r["arm"]].get("decode_tok_s_bs1" if r["batch"] == 1 else f"decode_tok_s_bs{r['batch']}")
