@@ -47,7 +47,8 @@ from .traces import RoutingTrace
 
 @dataclass(frozen=True)
 class SplitRule:
-    """The server's split cost model (``CostModel``): what it believes, not what the clock measures."""
+    """The server's split cost model (``CostModel``): what it believes, not what the clock measures; ``slices`` > 1
+    is a design the server does not have."""
 
     link_GBps: float
     cpu_GBps: float
@@ -77,6 +78,17 @@ class SplitRule:
         return self.pair_budget if tokens <= self.step_tokens else 0
 
 
+def _candidates(pairs: np.ndarray, rule: SplitRule, tokens: int, priority: np.ndarray | None) -> np.ndarray:
+    """``plan_split``'s candidate order over one layer step's missed experts (see ``split_cpu``)."""
+    m = len(pairs)
+    if priority is None:
+        keys: tuple[np.ndarray, ...] = (np.arange(m), pairs)
+    else:
+        prio = np.asarray(priority, dtype=np.float32)
+        keys = (np.arange(m), prio, pairs) if tokens > rule.max_tokens else (np.arange(m), pairs, prio)
+    return np.lexsort(keys)
+
+
 def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
               priority: np.ndarray | None = None, top_k: int = 8) -> np.ndarray:
     """Indices (into ``pairs``: one layer step's missed experts, in id order) the CPU computes.
@@ -91,12 +103,7 @@ def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int
     limit = rule.pair_limit(tokens, top_k)
     if m == 0 or limit == 0:
         return np.empty(0, dtype=np.int64)
-    if priority is None:
-        keys: tuple[np.ndarray, ...] = (np.arange(m), pairs)
-    else:
-        prio = np.asarray(priority, dtype=np.float32)
-        keys = (np.arange(m), prio, pairs) if tokens > rule.max_tokens else (np.arange(m), pairs, prio)
-    order = np.lexsort(keys)
+    order = _candidates(pairs, rule, tokens, priority)
     prefix = np.concatenate([[0], np.cumsum(pairs[order])])
     n = np.arange(m + 1, dtype=np.float64)
     cpu = (n > 0) * rule.fixed_s + n * (expert_bytes / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
@@ -109,30 +116,24 @@ def split_shares(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: 
                  priority: np.ndarray | None = None, top_k: int = 8) -> np.ndarray:
     """Each missed expert's share (0..1, in steps of ``1 / rule.slices``) the CPU computes.
 
-    Whole experts (``slices`` 1): ``split_cpu``'s choice. Sliced: the same candidate order, each expert's slices
-    in turn; the CPU takes the first ``u`` slices minimising ``max(cpu(u), link(rest))`` whose pairs (a slice
-    carries its expert's pairs pro rata) fit the step's pair limit (ties: the smallest ``u``).
+    ``split_cpu``'s rule over slices: the same candidate order, each expert's slices in turn; the CPU takes the
+    first ``u`` slices minimising ``max(cpu(u), link(rest))`` (ties: the smallest ``u``) whose pairs fit the step's
+    pair limit. An expert's pairs count whole from its first slice on: every token routed to it goes to the CPU's
+    tables, whatever share of its columns the CPU computes. One slice per expert is ``split_cpu`` exactly.
     """
     m, p = len(pairs), rule.slices
     share = np.zeros(m)
-    if p == 1:
-        share[split_cpu(pairs, rule, expert_bytes, tokens, priority, top_k)] = 1.0
-        return share
     limit = rule.pair_limit(tokens, top_k)
     if m == 0 or limit == 0:
         return share
-    if priority is None:
-        keys: tuple[np.ndarray, ...] = (np.arange(m), pairs)
-    else:
-        prio = np.asarray(priority, dtype=np.float32)
-        keys = (np.arange(m), prio, pairs) if tokens > rule.max_tokens else (np.arange(m), pairs, prio)
-    order = np.lexsort(keys)
-    unit_pairs = np.repeat(pairs[order] / p, p)
-    prefix = np.concatenate([[0.0], np.cumsum(unit_pairs)])
+    order = _candidates(pairs, rule, tokens, priority)
+    unit_pairs = np.zeros((m, p), dtype=np.int64)
+    unit_pairs[:, 0] = pairs[order]  # the first slice of each candidate carries its pairs
+    prefix = np.concatenate([[0], np.cumsum(unit_pairs.ravel())])
     u = np.arange(m * p + 1, dtype=np.float64)
     cpu = (u > 0) * rule.fixed_s + u * (expert_bytes / p / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
     link = (m * p - u) * (expert_bytes / p / (rule.link_GBps * 1e9))
-    best = int(np.argmin(np.where(prefix <= limit + 1e-9, np.maximum(cpu, link), np.inf)))
+    best = int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
     share[order] = np.clip(best - p * np.arange(m), 0, p) / p
     return share
 
@@ -258,9 +259,7 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
             c = StepCounts.zeros(L, tokens, cache=arm.kind in ("cache", "fast", "fast_bg"),
                                  cpu_path=arm.cpu is not None and tokens <= arm.cpu.step_tokens, reap=reap, promote_beside_cpu=fast)
             if arm.kind == "fast_bg":
-                c.background = np.zeros(L, dtype=np.int64)
-            if arm.kind == "stock_offload":
-                c.resident, c.link = c.resident.astype(float), c.link.astype(float)
+                c.background = np.zeros(L)
             pairs = missed_pairs = 0
             for l in range(L):
                 experts, per = np.unique(trace.ids[rows, l, :].astype(np.int64), return_counts=True)
@@ -284,7 +283,7 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
                 c.resident[l] = int((hit | promoted).sum())
                 share = split_shares(per[miss], arm.cpu, expert_bytes, tokens, top_k=K) if arm.cpu is not None else np.zeros(int(miss.sum()))
                 c.cpu[l] = share.sum()
-                c.cpu_pairs[l] = float(per[miss] @ share)
+                c.cpu_pairs[l] = int(per[miss][share > 0].sum())
                 c.link[l] = int(miss.sum()) - share.sum()
             out.append(Step(timed, decode, c, pairs, missed_pairs))
     return out
@@ -308,14 +307,14 @@ def _fast_layer(cache: LFRU, experts: np.ndarray, per: np.ndarray, rule: SplitRu
         exclude = np.delete(on_cpu, hottest)
     res = cache.access(experts, np.zeros(len(experts)), exclude=exclude)
     promoted = cache.resident[experts] & ~res.hits
-    bg = promoted & np.isin(experts, on_cpu)
+    bg = promoted & np.isin(experts, on_cpu) if link_idle_ms is not None else np.zeros(len(experts), dtype=bool)  # fast_bg only
     inline = promoted & ~bg
     if c.background is not None:
         c.background[l] = int(bg.sum())
     c.promoted[l] = int(inline.sum())
     c.resident[l] = int((hit | inline).sum())
     c.cpu[l] = share.sum()
-    c.cpu_pairs[l] = float(per[miss] @ share)
+    c.cpu_pairs[l] = int(per[miss][to_cpu].sum())
     c.link[l] = float(((1.0 - share) * ~inline[miss]).sum())
     return int(per[~hit].sum())
 

@@ -131,7 +131,9 @@ def load_clock(path: str | Path) -> Clock:
 
 @dataclass
 class StepCounts:
-    """What one step moved, per MoE layer (arrays of length L): distinct experts, not pairs."""
+    """What one step moved, per MoE layer (float arrays of length L): distinct experts, not pairs; fractions of
+    experts where a sliced split (``clock_arms.SplitRule.slices``) puts part of one on each pipe, or stock offload
+    keeps part of a layer on the GPU."""
 
     tokens: int
     resident: np.ndarray
@@ -141,6 +143,7 @@ class StepCounts:
     cpu: np.ndarray
     """Missed experts the host CPU computes."""
     cpu_pairs: np.ndarray
+    """Token-expert pairs the CPU computes (an expert it computes a slice of counts all its pairs)."""
     promoted: np.ndarray
     """Experts copied into a slot this step (before the fused kernel)."""
     cache: bool = False
@@ -156,7 +159,7 @@ class StepCounts:
 
     @classmethod
     def zeros(cls, layers: int, tokens: int, **flags: bool) -> "StepCounts":
-        z = lambda: np.zeros(layers)  # noqa: E731  (float: a sliced split moves parts of experts)
+        z = lambda: np.zeros(layers)  # noqa: E731
         return cls(tokens, z(), z(), z(), z(), z(), **flags)
 
 

@@ -197,7 +197,8 @@ def test_fast_order_split_first_by_hand() -> None:
 
 def test_sliced_split_by_hand() -> None:
     """Slices of one expert go to either pipe: equal pipes halve a lone miss; a CPU twice the link's speed takes
-    3 of 4 slices (0.375 ms against 0.25, where 2 of 4 leave the link 0.5 ms); whole experts are ``split_cpu``'s."""
+    3 of 4 slices (0.375 ms against 0.25, where 2 of 4 leave the link 0.5 ms); candidates in ``split_cpu``'s order;
+    one slice per expert is ``split_cpu`` (the same general code, compared on random steps)."""
     even = SplitRule(link_GBps=50.0, cpu_GBps=50.0, fixed_s=0.0, pair_s=0.0)
     assert list(split_shares(np.array([1]), even, MB50, 1)) == [0.0]  # whole: 1 ms either way, the link (smallest n)
     assert list(split_shares(np.array([1]), SplitRule(50.0, 50.0, 0.0, 0.0, slices=2), MB50, 1)) == [0.5]
@@ -205,6 +206,14 @@ def test_sliced_split_by_hand() -> None:
     # the candidates' order is split_cpu's: fewest missed pairs first, so expert 1 (1 pair) before 0 (3 pairs)
     assert list(split_shares(np.array([3, 1]), SplitRule(50.0, 100.0, 0.0, 0.0, slices=4), MB50, 1)) == [0.25, 1.0]
     assert not split_shares(np.array([1, 1]), SplitRule(50.0, 50.0, 0.0, 0.0, slices=4), MB50, 9).any()  # past max_tokens
+    halves = SplitRule(50.0, 50.0, 0.0, 0.0, max_tokens=1, max_step_tokens=8, pair_budget=2, slices=2)
+    # unbudgeted (1 token): coldest first -- 1, then 2 -- and 3 of 6 slices balance the pipes (1.5 ms each)
+    assert list(split_shares(np.array([1, 1, 1]), halves, MB50, 1, priority=np.array([3.0, 1.0, 2.0]))) == [0.0, 1.0, 0.5]
+    # budgeted (4 tokens): fewest pairs first, then the scores -- 0, then half of 2 (1.5 ms each side, 2 pairs); by the
+    # scores first, 1's 2 pairs would come second and bust the budget
+    assert list(split_shares(np.array([1, 2, 1]), halves, MB50, 4, priority=np.array([0.0, 0.0, 5.0]))) == [1.0, 0.0, 0.5]
+    # a slice ships every token of its expert: 3 pairs never fit a budget of 2, however small the share
+    assert not split_shares(np.array([3]), halves, MB50, 4).any()
     rng = np.random.default_rng(0)
     for _ in range(50):  # one slice per expert is the server's whole-expert rule, priorities and budgets included
         rule = SplitRule(50.0, float(rng.uniform(20, 150)), 25e-6, 1e-6, 8, 32, int(rng.integers(8, 64)))
@@ -230,7 +239,7 @@ def test_sliced_split_on_the_arms() -> None:
     whole, sliced = SplitRule(50.0, 100.0, 0.0, 0.0), SplitRule(50.0, 100.0, 0.0, 0.0, slices=4)
     a = replay(_tiny(), _batch(), Arm("s", "static", cpu=whole), MB50, slots=2)[2].counts  # type: ignore[arg-type]
     b = replay(_tiny(), _batch(), Arm("s", "static", cpu=sliced), MB50, slots=2)[2].counts  # type: ignore[arg-type]
-    assert (a.cpu[0], a.link[0]) == (1, 1) and (b.cpu[0], b.link[0], b.cpu_pairs[0]) == (1.25, 0.75, 1.25)
+    assert (a.cpu[0], a.link[0]) == (1, 1) and (b.cpu[0], b.link[0], b.cpu_pairs[0]) == (1.25, 0.75, 2)
     clock = _clock(cpu_GBps=100.0, host_dram_GBps=1000.0)
     assert step_ms(clock, b, MB50).total < step_ms(clock, a, MB50).total
     ids = np.array([[[0, 3]], [[1, 2]]], dtype=np.int64)
@@ -240,7 +249,7 @@ def test_sliced_split_on_the_arms() -> None:
     slow_cpu = SplitRule(50.0, 25.0, 0.0, 0.0, slices=4)
     p, d = (s.counts for s in replay(trace, batch, Arm("f", "fast", cache=CacheRule(cap=2, decay=0.5), cpu=slow_cpu), MB50, slots=3))  # type: ignore[arg-type]
     assert (p.promoted[0], p.cpu[0], p.link[0], p.resident[0]) == (0, 0.25, 0.75, 1)
-    assert (d.promoted[0], d.cpu[0], d.cpu_pairs[0], d.link[0], d.resident[0]) == (1, 0.5, 0.5, 0.5, 1)
+    assert (d.promoted[0], d.cpu[0], d.cpu_pairs[0], d.link[0], d.resident[0]) == (1, 0.5, 1, 0.5, 1)
     with pytest.raises(ValueError, match="unsliced"):
         replay(_tiny(), _batch(), Arm("b", "fast_bg", cache=CacheRule(), cpu=sliced), MB50, slots=2)  # type: ignore[arg-type]
 
