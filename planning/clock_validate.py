@@ -36,6 +36,7 @@ H100_GRAPHS = "bench_gpu_fast_graphs_h100.json"
 H100_ONERUN_V1, H100_ONERUN_V2 = "bench_gpu_fast_v1_beside_v2_h100.json", "bench_gpu_fast_v2_h100.json"
 H100_ONERUN2_V2 = "bench_gpu_fast_v2_onerun2_h100.json"
 H100_ONERUN3_V1, HOST_BUS_ONERUN3 = "bench_gpu_fast_static_cpu_h100.json", "host_bus_h100_onerun3.json"
+H100_ONERUN4_V1, HOST_BUS_ONERUN4 = "bench_gpu_fast_onerun4_h100.json", "host_bus_h100_onerun4.json"
 TOLERANCE = 0.10
 # Issue 25's table (decode tok/s bs1, bs8, H200, same trace and shape). Only the cache + CPU arm has no
 # committed run JSON; the others are listed beside the committed runs they repeat.
@@ -108,7 +109,9 @@ MACHINES = {"h200": H200, "h100-v1": _h100("h100-30b-a3b-v1", H100_V1), "h100-v2
             "h100-onerun2-v2": _h100("h100-30b-a3b-onerun2-v2", H100_ONERUN2_V2, spec_arm="reap_static_cpu", batches=(1, 8, 32),
                                      own_split=True),
             "h100-onerun3-v1": _h100("h100-30b-a3b-onerun3-v1", H100_ONERUN3_V1, spec_arm="reap_static_cpu", cache_arm="reap_fast",
-                                     own_split=True, host_dram=(HOST_BUS_ONERUN3, "cpu_n8_with_link.sum_GBps"))}
+                                     own_split=True, host_dram=(HOST_BUS_ONERUN3, "cpu_n8_with_link.sum_GBps")),
+            "h100-onerun4-v1": _h100("h100-30b-a3b-onerun4-v1", H100_ONERUN4_V1, spec_arm="reap_static_cpu", batches=(1, 8, 32),
+                                     cache_arm="reap_fast", own_split=True, host_dram=(HOST_BUS_ONERUN4, "cpu_n8_with_link.sum_GBps"))}
 """``simulate --machine``: the H200 runs (issue 25's table), the H100 run of 2026-12-06 on v1's and v2's traces, and the
 H100 run of 2026-12-06 evening (another host) at batch 1, 8 and 32 (no reap_static arm: the static + CPU arm's spec), and
 the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm lost with the machine), and the H100 run of
@@ -116,7 +119,8 @@ the late-evening H100 run with CUDA graphs up to batch 32 (its stock offload arm
 own probe's rates), and the H100 run of 2026-12-07 morning (another host: a faster CPU, a slower link) with every arm on v2's
 trace, stock offload cut after batch 8, and the H100 run of 2026-12-07 evening (another host) of stock all-GPU, fast and
 static + CPU on v1's trace (stock offload cut), the first H100 host whose shared host-DRAM ceiling was measured (CPU + link
-at once, ``host_bus_h100_onerun3.json``)."""
+at once, ``host_bus_h100_onerun3.json``), and the H100 run of 2026-12-08 (another host) of every arm but reap_cache on v1's
+trace at batch 1, 8 and 32, its host-DRAM ceiling measured beside it (``host_bus_h100_onerun4.json``)."""
 
 
 def _read(results: Path, name: str) -> dict[str, Any]:

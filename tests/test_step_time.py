@@ -432,7 +432,7 @@ def test_fast_order_hides_the_policy_program_under_the_cpu() -> None:
 
 
 @pytest.mark.parametrize("machine", ["h100-v1", "h100-v2", "h100-fast", "h100-graphs", "h100-onerun-v1", "h100-onerun-v2", "h100-onerun2-v2",
-                                     "h100-onerun3-v1"])
+                                     "h100-onerun3-v1", "h100-onerun4-v1"])
 def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(machine: str) -> None:
     from reap_swap.planning.clock_validate import MACHINES, calibrate
     from reap_swap.planning.traces import load
@@ -444,8 +444,8 @@ def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(
     built = calibrate(trace, sets, RESULTS, MACHINES[machine])
     assert built.to_json() == load_clock(RESULTS / f"step_time_h100_{tag}.json").to_json()
     assert "estimate" in built.provenance["measured"]["hbm_GBps"], "the H100's HBM rate is an estimate and says so"
-    if machine == "h100-onerun3-v1":  # the one H100 host whose shared host-DRAM ceiling was measured: the clock takes it
-        bus = json.loads((RESULTS / "host_bus_h100_onerun3.json").read_text())
+    if machine in ("h100-onerun3-v1", "h100-onerun4-v1"):  # the H100 hosts whose shared host-DRAM ceiling was measured: the clock takes it
+        bus = json.loads((RESULTS / f"host_bus_h100_{tag.removesuffix('_v1')}.json").read_text())
         assert built.host_dram_GBps == bus["cpu_n8_with_link"]["sum_GBps"]
     else:
         assert "why" in built.provenance["measured"]["host_dram_GBps"], "no ceiling measured there: link + CPU, said so"
@@ -468,8 +468,8 @@ def test_h100_clock_is_what_calibrate_builds_and_replays_the_measured_hit_rates(
     assert sorted({r["batch"] for r in report["rows"]}) == list(MACHINES[machine].batches)
     lost = sorted(a for a, v in run["arms"].items() if v.get("error"))
     assert lost == {"h100-graphs": ["stock_offload"], "h100-onerun-v1": ["reap_cache"], "h100-onerun-v2": ["reap_cache"],
-                    "h100-onerun2-v2": ["stock_offload"], "h100-onerun3-v1": ["stock_offload"]}.get(machine, [])
-    # onerun2: cut after batch 8 (its 1 and 8 measured); onerun3: cut before its batch 1 finished
+                    "h100-onerun2-v2": ["stock_offload"], "h100-onerun3-v1": ["stock_offload"], "h100-onerun4-v1": ["reap_cache"]}.get(machine, [])
+    # onerun2: cut after batch 8 (its 1 and 8 measured); onerun3: cut before its batch 1 finished; onerun4: never started
     assert all(sum(r["arm"] == a for r in report["rows"]) == len(MACHINES[machine].batches) for a in lost), "a lost arm keeps its rows"
 
 
