@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .cache_policies import LFRU
-from .step_time import StepCounts
+from .step_time import ClockError, StepCounts
 from .traces import RoutingTrace
 
 
@@ -89,6 +89,25 @@ def _candidates(pairs: np.ndarray, rule: SplitRule, tokens: int, priority: np.nd
     return np.lexsort(keys)
 
 
+def _cpu_units(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int, priority: np.ndarray | None,
+               top_k: int, slices: int) -> tuple[np.ndarray, int]:
+    """(candidate order, slices the CPU takes): the split rule over ``slices`` slices per expert, taken in turn.
+
+    An expert's pairs count whole from its first slice on (every token routed to it goes to the CPU's tables)."""
+    m = len(pairs)
+    limit = rule.pair_limit(tokens, top_k)
+    order = _candidates(pairs, rule, tokens, priority)
+    if m == 0 or limit == 0:
+        return order, 0
+    unit_pairs = np.zeros((m, slices), dtype=np.int64)
+    unit_pairs[:, 0] = pairs[order]  # the first slice of each candidate carries its pairs
+    prefix = np.concatenate([[0], np.cumsum(unit_pairs.ravel())])
+    u = np.arange(m * slices + 1, dtype=np.float64)
+    cpu = (u > 0) * rule.fixed_s + u * (expert_bytes / slices / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
+    link = (m * slices - u) * (expert_bytes / slices / (rule.link_GBps * 1e9))
+    return order, int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
+
+
 def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
               priority: np.ndarray | None = None, top_k: int = 8) -> np.ndarray:
     """Indices (into ``pairs``: one layer step's missed experts, in id order) the CPU computes.
@@ -97,19 +116,10 @@ def split_cpu(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int
     composed mode) by (priority, missed pairs, id), in a budgeted step (more than ``max_tokens``
     tokens) by (missed pairs, priority, id); the first ``n`` minimising ``max(cpu(n), link(n))``
     whose missed pairs fit ``rule.pair_limit(tokens, top_k)`` (ties: the smallest ``n``); none when
-    the step has too many tokens.
+    the step has too many tokens. Whole experts, whatever ``rule.slices``.
     """
-    m = len(pairs)
-    limit = rule.pair_limit(tokens, top_k)
-    if m == 0 or limit == 0:
-        return np.empty(0, dtype=np.int64)
-    order = _candidates(pairs, rule, tokens, priority)
-    prefix = np.concatenate([[0], np.cumsum(pairs[order])])
-    n = np.arange(m + 1, dtype=np.float64)
-    cpu = (n > 0) * rule.fixed_s + n * (expert_bytes / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
-    link = (m - n) * (expert_bytes / (rule.link_GBps * 1e9))
-    best = int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
-    return order[:best]
+    order, n = _cpu_units(pairs, rule, expert_bytes, tokens, priority, top_k, 1)
+    return order[:n]
 
 
 def split_shares(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: int,
@@ -121,20 +131,10 @@ def split_shares(pairs: np.ndarray, rule: SplitRule, expert_bytes: int, tokens: 
     pair limit. An expert's pairs count whole from its first slice on: every token routed to it goes to the CPU's
     tables, whatever share of its columns the CPU computes. One slice per expert is ``split_cpu`` exactly.
     """
-    m, p = len(pairs), rule.slices
-    share = np.zeros(m)
-    limit = rule.pair_limit(tokens, top_k)
-    if m == 0 or limit == 0:
-        return share
-    order = _candidates(pairs, rule, tokens, priority)
-    unit_pairs = np.zeros((m, p), dtype=np.int64)
-    unit_pairs[:, 0] = pairs[order]  # the first slice of each candidate carries its pairs
-    prefix = np.concatenate([[0], np.cumsum(unit_pairs.ravel())])
-    u = np.arange(m * p + 1, dtype=np.float64)
-    cpu = (u > 0) * rule.fixed_s + u * (expert_bytes / p / (rule.cpu_GBps * 1e9)) + prefix * rule.pair_s
-    link = (m * p - u) * (expert_bytes / p / (rule.link_GBps * 1e9))
-    best = int(np.argmin(np.where(prefix <= limit, np.maximum(cpu, link), np.inf)))
-    share[order] = np.clip(best - p * np.arange(m), 0, p) / p
+    p = rule.slices
+    order, u = _cpu_units(pairs, rule, expert_bytes, tokens, priority, top_k, p)
+    share = np.zeros(len(pairs))
+    share[order] = np.clip(u - p * np.arange(len(pairs)), 0, p) / p
     return share
 
 
@@ -249,7 +249,7 @@ def replay(trace: RoutingTrace, batches: Sequence[Batch], arm: Arm, expert_bytes
     L, E, K = trace.num_layers, trace.num_experts, trace.top_k
     out: list[Step] = []
     if arm.kind == "fast_bg" and arm.cpu is not None and arm.cpu.slices > 1:
-        raise ValueError("fast_bg prices the link's room in whole experts: give it an unsliced split")
+        raise ClockError("fast_bg prices the link's room in whole experts: give it an unsliced split")
     reap = arm.kind in ("static", "cache", "fast", "fast_bg")
     for batch in batches:
         state = _Layers(arm, batch, L, E, slots)

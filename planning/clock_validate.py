@@ -191,8 +191,8 @@ def arm_rules(src: Sources, arm: str, expert_bytes: int, layers: int, experts: i
     ``<arm>_sliced``: ``<arm>``'s with a split of ``SLICES`` slices per expert."""
     if arm.endswith("_sliced"):
         whole = arm_rules(src, arm.removesuffix("_sliced"), expert_bytes, layers, experts, machine)
-        if whole.cpu is None or whole.kind == "fast_bg":
-            raise ClockError(f"{arm}: {whole.name} has no split to slice (or prices its copies in whole experts)")
+        if whole.cpu is None:
+            raise ClockError(f"{arm}: {whole.name} has no split to slice")
         return replace(whole, name=arm, cpu=replace(whole.cpu, slices=SLICES))
     oc = src.get(machine.learned, f"arms.{machine.cache_arm}.online_cache")
     cache = CacheRule(int(oc["cap"]), float(oc["decay"]), oc["hysteresis"], float(oc["prior_weight"]))
